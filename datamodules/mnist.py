@@ -1,0 +1,84 @@
+"""MNIST and Fashion-MNIST: 28x28 grayscale, 10 classes, 60k train / 10k test, IDX files.
+
+Where the files come from, in order:
+1. `data_dir/<Name>/raw/` already holds them (torchvision's layout, so an earlier
+   torchvision download is reused);
+2. a system-wide copy, e.g. Debian's `dataset-fashion-mnist` package;
+3. torchvision's download (needs a network);
+4. otherwise a `DatasetNotFoundError` saying what to install or where to put the files.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torchvision
+from lightning.pytorch.utilities import rank_zero_info
+
+from datamodules.idx import ALL_FILES, DatasetNotFoundError, has_all_files, load_split, torchvision_download
+from datamodules.in_memory import Batch, InMemoryImageDataModule
+
+
+class MNISTDataModule(InMemoryImageDataModule):
+    """Handwritten digits (MNIST)."""
+
+    torchvision_dataset = torchvision.datasets.MNIST
+    system_dirs: tuple[str, ...] = ("/usr/share/datasets/mnist",)
+    system_package_hint = "no system package ships MNIST on Debian"
+    num_classes = 10
+    input_shape = (1, 28, 28)
+    mean = (0.1307,)
+    std = (0.3081,)
+    class_names = tuple(str(digit) for digit in range(10))
+
+    @property
+    def local_dir(self) -> Path:
+        return Path(self.data_dir) / self.torchvision_dataset.__name__ / "raw"
+
+    def resolve_files(self) -> Path:
+        """The folder holding the four IDX files, downloading them if needed (see module docstring)."""
+        if has_all_files(self.local_dir):
+            return self.local_dir
+        for system_dir in map(Path, self.system_dirs):
+            if has_all_files(system_dir):
+                return system_dir
+        try:
+            torchvision_download(self.torchvision_dataset, Path(self.data_dir))
+        except Exception as err:  # any network or HTTP failure ends in the same advice
+            name = self.torchvision_dataset.__name__
+            raise DatasetNotFoundError(
+                f"{name} not found and the download failed ({type(err).__name__}: {err}).\n"
+                f"Looked in: {self.local_dir} and {', '.join(self.system_dirs)}.\n"
+                f"Fix: put {', '.join(f + '.gz' for f in ALL_FILES)} into {self.local_dir}/ "
+                f"(or set --data.data_dir), or {self.system_package_hint}."
+            ) from err
+        return self.local_dir
+
+    def prepare_data(self) -> None:
+        rank_zero_info(f"{type(self).__name__}: using {self.resolve_files()}")
+
+    def load_splits(self) -> tuple[Batch, Batch]:
+        folder = self.resolve_files()
+        return load_split(folder, "train"), load_split(folder, "test")
+
+
+class FashionMNISTDataModule(MNISTDataModule):
+    """Zalando's Fashion-MNIST: a harder drop-in for MNIST (clothing, 10 classes)."""
+
+    torchvision_dataset = torchvision.datasets.FashionMNIST
+    system_dirs = ("/usr/share/datasets/fashion-mnist",)
+    system_package_hint = "install Debian's package: `apt-get install dataset-fashion-mnist`"
+    mean = (0.2860,)
+    std = (0.3530,)
+    class_names = (
+        "T-shirt/top",
+        "Trouser",
+        "Pullover",
+        "Dress",
+        "Coat",
+        "Sandal",
+        "Shirt",
+        "Sneaker",
+        "Bag",
+        "Ankle boot",
+    )

@@ -1,0 +1,4 @@
+from models.base import ClassificationModule
+from models.simple_cnn import SimpleCNN
+
+__all__ = ["ClassificationModule", "SimpleCNN"]

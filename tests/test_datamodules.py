@@ -1,0 +1,120 @@
+from __future__ import annotations
+
+import gzip
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+import torchvision
+
+from datamodules import FashionMNISTDataModule
+from datamodules.idx import ALL_FILES, DatasetNotFoundError, read_idx
+from datamodules.in_memory import random_crop_flip
+
+
+@pytest.fixture(scope="module")
+def datamodule(fashion_mnist_dir: Path) -> FashionMNISTDataModule:
+    dm = FashionMNISTDataModule(data_dir="/nonexistent", batch_size=64)
+    dm.setup("fit")
+    return dm
+
+
+def test_splits_shapes_and_dtypes(datamodule: FashionMNISTDataModule) -> None:
+    train, val, test = (datamodule.splits[s] for s in ("train", "val", "test"))
+    assert (len(train), len(val), len(test)) == (55_000, 5_000, 10_000)
+    for split in (train, val, test):
+        assert split.images.dtype == torch.uint8 and split.images.shape[1:] == (1, 28, 28)
+        assert split.labels.dtype == torch.int64 and set(split.labels.unique().tolist()) == set(range(10))
+    images, labels = next(iter(datamodule.train_dataloader()))
+    assert images.shape == (64, 1, 28, 28) and images.dtype == torch.uint8 and labels.shape == (64,)
+
+
+def test_validation_is_a_fixed_holdout_disjoint_from_train(datamodule: FashionMNISTDataModule) -> None:
+    def fingerprints(split) -> set[int]:
+        return set(hash(row.numpy().tobytes()) for row in split.images.flatten(1))
+
+    train, val = fingerprints(datamodule.splits["train"]), fingerprints(datamodule.splits["val"])
+    # Fashion-MNIST has a few exact duplicate images; allow those but no systematic overlap.
+    assert len(train & val) < 20
+    again = FashionMNISTDataModule(data_dir="/nonexistent")
+    again.setup("fit")
+    assert torch.equal(again.splits["val"].labels, datamodule.splits["val"].labels)
+
+
+def test_official_test_split_is_the_test_split(datamodule: FashionMNISTDataModule, fashion_mnist_dir: Path) -> None:
+    official = read_idx(fashion_mnist_dir / "t10k-labels-idx1-ubyte.gz").long()
+    assert torch.equal(datamodule.splits["test"].labels, official)
+
+
+def test_batches_are_normalized_on_transfer(datamodule: FashionMNISTDataModule) -> None:
+    images, _ = datamodule.on_after_batch_transfer(next(iter(datamodule.val_dataloader())), 0)
+    assert images.dtype == torch.float32
+    full = datamodule.normalize(datamodule.splits["train"].images[:5000])
+    assert abs(full.mean().item()) < 0.05 and abs(full.std().item() - 1) < 0.05
+
+
+def test_augmentation_translates_and_flips_whole_images() -> None:
+    torch.manual_seed(0)
+    images = torch.zeros(256, 1, 28, 28, dtype=torch.uint8)
+    images[:, :, 10:18, 4:8] = 255  # a bar left of centre
+    out = random_crop_flip(images, padding=2, flip=True)
+    assert out.shape == images.shape and out.dtype == torch.uint8
+    assert torch.equal(out.sum(dim=(1, 2, 3)), images.sum(dim=(1, 2, 3)))  # bar stays inside the frame
+    columns = out[:, 0].amax(dim=1).float().argmax(dim=1)  # first lit column per image
+    assert columns.min() >= 2 and columns.max() >= 20  # translated, and some flipped to the right
+    assert len(columns.unique()) > 4
+
+
+def _copy_dataset(source: Path, target: Path) -> None:
+    target.mkdir(parents=True)
+    for name in ALL_FILES:
+        shutil.copy(source / f"{name}.gz", target / f"{name}.gz")
+
+
+class TestResolutionOrder:
+    @pytest.fixture
+    def offline(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        # A port nobody listens on: the real torchvision download code runs and fails
+        # immediately, exactly as on a machine without a network (and never touches one).
+        monkeypatch.setattr(torchvision.datasets.FashionMNIST, "mirrors", ["http://127.0.0.1:9/"])
+
+    def test_data_dir_wins_over_system_copy(self, tmp_path: Path, fashion_mnist_dir: Path, monkeypatch) -> None:
+        _copy_dataset(fashion_mnist_dir, tmp_path / "FashionMNIST" / "raw")
+        monkeypatch.setattr(FashionMNISTDataModule, "system_dirs", (str(tmp_path / "nowhere"),))
+        dm = FashionMNISTDataModule(data_dir=str(tmp_path))
+        assert dm.resolve_files() == tmp_path / "FashionMNIST" / "raw"
+
+    def test_uncompressed_files_are_accepted(self, tmp_path: Path, fashion_mnist_dir: Path) -> None:
+        raw = tmp_path / "FashionMNIST" / "raw"
+        raw.mkdir(parents=True)
+        for name in ALL_FILES:
+            (raw / name).write_bytes(gzip.decompress((fashion_mnist_dir / f"{name}.gz").read_bytes()))
+        dm = FashionMNISTDataModule(data_dir=str(tmp_path))
+        assert dm.resolve_files() == raw
+        dm.setup("fit")
+        assert len(dm.splits["test"]) == 10_000
+
+    def test_system_copy_when_data_dir_is_empty(self, tmp_path: Path, fashion_mnist_dir: Path, offline) -> None:
+        dm = FashionMNISTDataModule(data_dir=str(tmp_path))
+        assert dm.resolve_files() == fashion_mnist_dir
+
+    def test_clear_error_when_nothing_is_found_offline(self, tmp_path: Path, monkeypatch, offline) -> None:
+        monkeypatch.setattr(FashionMNISTDataModule, "system_dirs", (str(tmp_path / "nowhere"),))
+        dm = FashionMNISTDataModule(data_dir=str(tmp_path / "data"))
+        with pytest.raises(DatasetNotFoundError) as err:
+            dm.prepare_data()
+        message = str(err.value)
+        assert "download failed" in message
+        assert str(tmp_path / "data" / "FashionMNIST" / "raw") in message
+        assert "apt-get install dataset-fashion-mnist" in message
+        assert "train-images-idx3-ubyte.gz" in message
+
+    def test_corrupt_file_names_the_file(self, tmp_path: Path, fashion_mnist_dir: Path) -> None:
+        raw = tmp_path / "FashionMNIST" / "raw"
+        _copy_dataset(fashion_mnist_dir, raw)
+        data = gzip.decompress((raw / "train-labels-idx1-ubyte.gz").read_bytes())
+        (raw / "train-labels-idx1-ubyte.gz").write_bytes(gzip.compress(data[:-100]))
+        dm = FashionMNISTDataModule(data_dir=str(tmp_path))
+        with pytest.raises(ValueError, match=r"train-labels-idx1-ubyte\.gz: truncated or corrupt"):
+            dm.setup("fit")

@@ -1,0 +1,88 @@
+"""Command-line entry point: `python train.py fit|validate|test|predict --config configs/<job>.yaml`.
+
+Every LightningModule in `models/` and LightningDataModule in `datamodules/` can be
+chosen by class name (`--model SimpleCNN --data FashionMNISTDataModule`); every
+argument of their `__init__` becomes a flag, documented by `--help`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
+
+import datamodules  # noqa: F401  (registers the datamodules for --data)
+import models  # noqa: F401  (registers the models for --model)
+
+
+class TemplateCLI(LightningCLI):
+    def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
+        # Facts about the data are given once, by the datamodule, never typed twice.
+        parser.link_arguments("data.num_classes", "model.init_args.num_classes", apply_on="instantiate")
+        parser.link_arguments("data.input_shape", "model.init_args.input_shape", apply_on="instantiate")
+        parser.add_argument(
+            "--test_after_fit",
+            type=bool,
+            default=False,
+            help="After `fit`, evaluate the best checkpoint on the test split.",
+        )
+
+    def before_instantiate_classes(self) -> None:
+        config = self.config[self.subcommand] if self.subcommand else self.config
+        if config.get("ckpt_path") == "last":
+            self._resolve_last_checkpoint(config)
+
+    def _resolve_last_checkpoint(self, config) -> None:
+        """`--ckpt_path last`: the newest last.ckpt of this experiment, across its versions.
+
+        Lightning alone only looks in the new run's own (empty) version folder and
+        would silently start from scratch. When resuming `fit`, the logger is pointed
+        at the resumed version so curves and checkpoints continue in the same folder.
+        """
+        logger = config.trainer.get("logger")
+        init_args = getattr(logger, "init_args", None)
+        if init_args is None or "save_dir" not in init_args:
+            return
+        experiment_dir = Path(init_args.save_dir) / (init_args.get("name") or "lightning_logs")
+        candidates = sorted(experiment_dir.glob("*/checkpoints/last.ckpt"), key=lambda p: p.stat().st_mtime)
+        if not candidates:
+            if self.subcommand != "fit":
+                raise FileNotFoundError(f"--ckpt_path last: no {experiment_dir}/*/checkpoints/last.ckpt found.")
+            rank_zero_warn(f"--ckpt_path last: nothing to resume in {experiment_dir}; starting from scratch.")
+            config.ckpt_path = None
+            return
+        config.ckpt_path = str(candidates[-1])
+        if self.subcommand == "fit":
+            init_args.version = candidates[-1].parent.parent.name
+        rank_zero_info(f"Resuming from {config.ckpt_path}")
+
+    def after_fit(self) -> None:
+        trainer = self.trainer
+        checkpoint = trainer.checkpoint_callback
+        if self.config.fit.test_after_fit:
+            trainer.test(self.model, datamodule=self.datamodule, ckpt_path="best" if checkpoint else None)
+        if not trainer.is_global_zero:
+            return
+        lines = []
+        if checkpoint is not None and checkpoint.best_model_path:
+            score = checkpoint.best_model_score
+            lines.append(f"best checkpoint: {checkpoint.best_model_path} ({checkpoint.monitor}={score:.4f})")
+            lines.append(f"last checkpoint: {checkpoint.last_model_path}")
+        if trainer.logger is not None and trainer.logger.log_dir:
+            lines.append(f"TensorBoard logs: tensorboard --logdir {trainer.logger.log_dir}")
+        if "test_acc" in trainer.callback_metrics:
+            lines.append(f"test accuracy: {trainer.callback_metrics['test_acc']:.4f}")
+        print("\n".join(lines), flush=True)
+
+
+def main() -> None:
+    TemplateCLI(
+        seed_everything_default=42,
+        save_config_kwargs={"overwrite": True},
+        auto_configure_optimizers=False,
+    )
+
+
+if __name__ == "__main__":
+    main()
