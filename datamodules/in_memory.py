@@ -8,9 +8,11 @@ augmentation and normalization run in batches on the device the model runs on.
 
 from __future__ import annotations
 
+import os
+
 import torch
-from lightning import LightningDataModule
-from torch.utils.data import DataLoader, Dataset
+from lightning import LightningDataModule, Trainer
+from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 Batch = tuple[torch.Tensor, torch.Tensor]
 
@@ -35,6 +37,19 @@ class TensorPairDataset(Dataset):
 def collate_batch(batch: Batch) -> Batch:
     """`__getitems__` already returns a stacked batch (a module function so workers can pickle it)."""
     return batch
+
+
+def epoch_seeded_sampler(dataset: Dataset, trainer: Trainer | None) -> DistributedSampler:
+    """A shuffle whose order is a function of (global seed, epoch) alone.
+
+    Lightning calls `set_epoch` every epoch. The order then does not depend on how
+    many random numbers were drawn before, so a resumed run sees the same batches as
+    an uninterrupted one. Under DDP the same sampler gives each rank its own shard,
+    and Lightning keeps it instead of injecting its own.
+    """
+    world_size, rank = (trainer.world_size, trainer.global_rank) if trainer is not None else (1, 0)
+    seed = int(os.environ.get("PL_GLOBAL_SEED", 0))
+    return DistributedSampler(dataset, num_replicas=world_size, rank=rank, shuffle=True, seed=seed)
 
 
 def random_crop_flip(images: torch.Tensor, padding: int, flip: bool) -> torch.Tensor:
@@ -135,10 +150,14 @@ class InMemoryImageDataModule(LightningDataModule):
             )
 
     def _loader(self, split: str, shuffle: bool) -> DataLoader:
+        dataset = self.splits[split]
         return DataLoader(
-            self.splits[split],
+            dataset,
             batch_size=self.batch_size,
-            shuffle=shuffle,
+            sampler=epoch_seeded_sampler(dataset, self.trainer) if shuffle else None,
+            # The loader draws its worker base seed from this generator instead of the
+            # global RNG, which stays reserved for the training step (see ClassificationModule).
+            generator=torch.Generator(),
             collate_fn=collate_batch,
             num_workers=self.num_workers,
             pin_memory=self.pin_memory,

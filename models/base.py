@@ -9,8 +9,11 @@ without Lightning.
 from __future__ import annotations
 
 import math
+import os
+import random
 from typing import Any, Literal
 
+import numpy as np
 import torch
 from lightning import LightningModule
 from torch import nn
@@ -67,6 +70,16 @@ class ClassificationModule(LightningModule):
 
     def forward(self, inputs: torch.Tensor) -> torch.Tensor:
         return self.net(inputs)
+
+    def on_train_epoch_start(self) -> None:
+        # Re-seed from (global seed, epoch) so shuffling, dropout and augmentation of an
+        # epoch depend on nothing that came before it: a run resumed from a checkpoint
+        # then continues exactly like one that never stopped.
+        base_seed = int(os.environ.get("PL_GLOBAL_SEED", 0))
+        seed = (base_seed + self.current_epoch) % 2**32
+        random.seed(seed)
+        np.random.seed(seed)
+        torch.manual_seed(seed)
 
     def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
         inputs, targets = batch

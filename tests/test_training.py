@@ -6,7 +6,7 @@ from pathlib import Path
 
 import torch
 from lightning import Trainer, seed_everything
-from lightning.pytorch.callbacks import EarlyStopping
+from lightning.pytorch.callbacks import Callback, EarlyStopping, ModelCheckpoint
 
 from datamodules import FashionMNISTDataModule
 from models import SimpleCNN
@@ -48,3 +48,36 @@ def test_early_stopping_stops_when_val_loss_stalls(tmp_path: Path, fashion_mnist
     trainer = _fit(tmp_path, 0, callbacks=[early_stopping], max_epochs=30, lr=0.0)
     assert early_stopping.stopped_epoch == 5
     assert trainer.current_epoch == 6
+
+
+class StopAfterEpoch(Callback):
+    """Ends fit after epoch `epoch` as an interruption would (the schedule still expects the full run)."""
+
+    def __init__(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def on_train_epoch_end(self, trainer: Trainer, pl_module) -> None:
+        if trainer.current_epoch == self.epoch:
+            trainer.should_stop = True
+
+
+def test_resumed_run_ends_exactly_like_an_uninterrupted_one(tmp_path: Path, fashion_mnist_dir) -> None:
+    def run(directory: Path, callbacks=(), ckpt_path: str | None = None) -> Trainer:
+        seed_everything(3)
+        datamodule = FashionMNISTDataModule(data_dir="unused", batch_size=32, augment=True)
+        model = SimpleCNN(warmup_epochs=0.5)  # dropout + augmentation + shuffling all draw random numbers
+        checkpoint = ModelCheckpoint(dirpath=directory, save_last=True)
+        trainer = Trainer(
+            max_epochs=3, limit_train_batches=8, limit_val_batches=2, logger=False, enable_progress_bar=False,
+            enable_model_summary=False, deterministic=True, callbacks=[checkpoint, *callbacks],
+        )  # fmt: skip
+        trainer.fit(model, datamodule=datamodule, ckpt_path=ckpt_path)
+        return trainer
+
+    uninterrupted = run(tmp_path / "a")
+    run(tmp_path / "b", callbacks=[StopAfterEpoch(1)])
+    resumed = run(tmp_path / "b", ckpt_path=str(tmp_path / "b" / "last.ckpt"))
+    assert resumed.global_step == uninterrupted.global_step == 24
+    expected, actual = uninterrupted.lightning_module.state_dict(), resumed.lightning_module.state_dict()
+    assert all(torch.equal(expected[k], actual[k]) for k in expected)
+    assert resumed.callback_metrics["val_loss"].item() == uninterrupted.callback_metrics["val_loss"].item()
