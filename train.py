@@ -59,16 +59,18 @@ class TemplateCLI(LightningCLI):
 
     def after_fit(self) -> None:
         trainer = self.trainer
-        checkpoint = trainer.checkpoint_callback
         if self.config.fit.test_after_fit:
-            trainer.test(self.model, datamodule=self.datamodule, ckpt_path="best" if checkpoint else None)
+            best = next((c.best_model_path for c in trainer.checkpoint_callbacks if c.monitor), None)
+            trainer.test(self.model, datamodule=self.datamodule, ckpt_path=best or None)
         if not trainer.is_global_zero:
             return
         lines = []
-        if checkpoint is not None and checkpoint.best_model_path:
-            score = checkpoint.best_model_score
-            lines.append(f"best checkpoint: {checkpoint.best_model_path} ({checkpoint.monitor}={score:.4f})")
-            lines.append(f"last checkpoint: {checkpoint.last_model_path}")
+        for callback in trainer.checkpoint_callbacks:
+            if callback.monitor and callback.best_model_path:
+                score = f" ({callback.monitor}={callback.best_model_score:.4f})"
+                lines.append(f"best checkpoint: {callback.best_model_path}{score}")
+            elif callback.best_model_path:
+                lines.append(f"last checkpoint: {callback.best_model_path}")
         if trainer.logger is not None and trainer.logger.log_dir:
             lines.append(f"TensorBoard logs: tensorboard --logdir {trainer.logger.log_dir}")
         if "test_acc" in trainer.callback_metrics:
