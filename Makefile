@@ -7,7 +7,7 @@ CONFIG ?= configs/simple_cnn.yaml
 export MALLOC_MMAP_THRESHOLD_ ?= 33554432
 export MALLOC_TRIM_THRESHOLD_ ?= 1073741824
 
-.PHONY: install data train test lint format clean
+.PHONY: install data train test lint format clean transfer
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -37,3 +37,10 @@ format: install
 
 clean:
 	rm -rf logs lightning_logs .pytest_cache
+
+# Transfer-learning recipe (README): pretrain on classes 0-4, fine-tune on 100 images/class of 5-9, compare to scratch.
+transfer: data
+	$(BIN)/python train.py fit --config configs/resnet_fmnist_pretrain.yaml
+	$(BIN)/python train.py fit --config configs/resnet_fmnist_transfer.yaml \
+		--model.weights "$$(ls -t logs/resnet_fmnist_pretrain/*/checkpoints/last.ckpt | head -n 1)"
+	$(BIN)/python train.py fit --config configs/resnet_fmnist_scratch.yaml

@@ -1,3 +1,6 @@
-"""Callbacks of this template. Lightning's own (ModelCheckpoint, EarlyStopping,
-LearningRateMonitor) are wired in `configs/`; classes exported here are selectable
-in a config by name, e.g. `class_path: callbacks.<Name>`."""
+"""Callbacks of this template, selectable in a config as `class_path: callbacks.<Name>`.
+Lightning's own (ModelCheckpoint, EarlyStopping, LearningRateMonitor) are wired in `configs/`."""
+
+from callbacks.finetuning import TwoStageFinetuning
+
+__all__ = ["TwoStageFinetuning"]

@@ -1,4 +1,12 @@
+from datamodules.cifar import CIFAR10DataModule
+from datamodules.image_folder import ImageFolderDataModule
 from datamodules.in_memory import InMemoryImageDataModule
 from datamodules.mnist import FashionMNISTDataModule, MNISTDataModule
 
-__all__ = ["FashionMNISTDataModule", "InMemoryImageDataModule", "MNISTDataModule"]
+__all__ = [
+    "CIFAR10DataModule",
+    "FashionMNISTDataModule",
+    "ImageFolderDataModule",
+    "InMemoryImageDataModule",
+    "MNISTDataModule",
+]

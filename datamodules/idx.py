@@ -8,7 +8,6 @@ images) instead of 60k PIL images.
 from __future__ import annotations
 
 import gzip
-import socket
 from pathlib import Path
 
 import torch
@@ -18,11 +17,6 @@ SPLIT_FILES = {
     "test": ("t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"),
 }
 ALL_FILES = [name for pair in SPLIT_FILES.values() for name in pair]
-DOWNLOAD_TIMEOUT_S = 20.0
-
-
-class DatasetNotFoundError(FileNotFoundError):
-    """The dataset is in none of the places we look and could not be downloaded."""
 
 
 def _existing(folder: Path, name: str) -> Path | None:
@@ -65,14 +59,3 @@ def load_split(folder: Path, split: str) -> tuple[torch.Tensor, torch.Tensor]:
     if len(images) != len(labels):
         raise ValueError(f"{folder}: {split} split has {len(images)} images but {len(labels)} labels.")
     return images.unsqueeze(1), labels.long()
-
-
-def torchvision_download(dataset_cls: type, root: Path) -> None:
-    """The real torchvision download, bounded in time so an offline machine fails fast."""
-    previous = socket.getdefaulttimeout()
-    socket.setdefaulttimeout(DOWNLOAD_TIMEOUT_S)
-    try:
-        dataset_cls(root=str(root), train=True, download=True)
-        dataset_cls(root=str(root), train=False, download=True)
-    finally:
-        socket.setdefaulttimeout(previous)

@@ -9,9 +9,11 @@ augmentation and normalization run in batches on the device the model runs on.
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import torch
 from lightning import LightningDataModule, Trainer
+from lightning.pytorch.utilities import rank_zero_info
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 Batch = tuple[torch.Tensor, torch.Tensor]
@@ -74,9 +76,8 @@ class InMemoryImageDataModule(LightningDataModule):
 
     mean: tuple[float, ...] = (0.5,)
     std: tuple[float, ...] = (0.5,)
-    num_classes: int
     input_shape: tuple[int, int, int]
-    class_names: tuple[str, ...] = ()
+    all_class_names: tuple[str, ...]
 
     def __init__(
         self,
@@ -87,6 +88,8 @@ class InMemoryImageDataModule(LightningDataModule):
         augment: bool = False,
         crop_padding: int = 2,
         horizontal_flip: bool = True,
+        classes: list[int] | None = None,
+        train_samples_per_class: int | None = None,
         num_workers: int = 0,
         pin_memory: bool = False,
     ) -> None:
@@ -99,6 +102,9 @@ class InMemoryImageDataModule(LightningDataModule):
             augment: Random translation (and flip) of training batches, applied on the device.
             crop_padding: Maximum translation in pixels when `augment` is on.
             horizontal_flip: Also flip training images left-right when `augment` is on.
+            classes: Keep only these class ids (relabelled 0..k-1 in this order), e.g. [5, 6, 7, 8, 9].
+            train_samples_per_class: Keep only this many training images per class (a fixed,
+                seeded choice), to study learning from a small labelled set.
             num_workers: DataLoader worker processes. 0 is fastest for in-memory data on few cores.
             pin_memory: Page-locked host memory for faster copies to a GPU.
         """
@@ -111,13 +117,36 @@ class InMemoryImageDataModule(LightningDataModule):
         self.augment = augment
         self.crop_padding = crop_padding
         self.horizontal_flip = horizontal_flip
+        self.classes = list(range(len(self.all_class_names))) if classes is None else list(classes)
+        self.train_samples_per_class = train_samples_per_class
+        unknown = [c for c in self.classes if not 0 <= c < len(self.all_class_names)]
+        if unknown:
+            raise ValueError(
+                f"data.classes: {unknown} are not class ids of {type(self).__name__}"
+                f" (0..{len(self.all_class_names) - 1})."
+            )
         self.num_workers = num_workers
         self.pin_memory = pin_memory
         self.splits: dict[str, TensorPairDataset] = {}
 
+    @property
+    def class_names(self) -> tuple[str, ...]:
+        return tuple(self.all_class_names[c] for c in self.classes)
+
+    @property
+    def num_classes(self) -> int:
+        return len(self.classes)
+
+    def resolve_files(self) -> Path:
+        """The folder holding the dataset's files, downloading them if needed."""
+        raise NotImplementedError
+
     def load_splits(self) -> tuple[Batch, Batch]:
         """Return ((train_images, train_labels), (test_images, test_labels))."""
         raise NotImplementedError
+
+    def prepare_data(self) -> None:
+        rank_zero_info(f"{type(self).__name__}: using {self.resolve_files()}")
 
     def setup(self, stage: str) -> None:
         if self.splits:
@@ -127,13 +156,25 @@ class InMemoryImageDataModule(LightningDataModule):
         self._check(test_x, test_y, "test")
         if not 0 < self.val_size < len(train_y):
             raise ValueError(f"data.val_size={self.val_size} must be between 1 and {len(train_y) - 1}.")
-        order = torch.randperm(len(train_y), generator=torch.Generator().manual_seed(self.split_seed))
+        generator = torch.Generator().manual_seed(self.split_seed)
+        order = torch.randperm(len(train_y), generator=generator)
         val_idx, train_idx = order[: self.val_size], order[self.val_size :]
+        if self.train_samples_per_class is not None:
+            train_idx = torch.cat(
+                [train_idx[train_y[train_idx] == c][: self.train_samples_per_class] for c in self.classes]
+            )
         self.splits = {
-            "train": TensorPairDataset(train_x[train_idx], train_y[train_idx]),
-            "val": TensorPairDataset(train_x[val_idx], train_y[val_idx]),
-            "test": TensorPairDataset(test_x, test_y),
+            "train": self._select_classes(train_x[train_idx], train_y[train_idx]),
+            "val": self._select_classes(train_x[val_idx], train_y[val_idx]),
+            "test": self._select_classes(test_x, test_y),
         }
+
+    def _select_classes(self, images: torch.Tensor, labels: torch.Tensor) -> TensorPairDataset:
+        """Keep `self.classes` and renumber them 0..k-1."""
+        new_label = torch.full((len(self.all_class_names),), -1, dtype=torch.long)
+        new_label[self.classes] = torch.arange(len(self.classes))
+        keep = new_label[labels] >= 0
+        return TensorPairDataset(images[keep], new_label[labels[keep]])
 
     def _check(self, images: torch.Tensor, labels: torch.Tensor, split: str) -> None:
         if images.dtype != torch.uint8 or tuple(images.shape[1:]) != self.input_shape:
@@ -142,10 +183,10 @@ class InMemoryImageDataModule(LightningDataModule):
                 f"{type(self).__name__} {split} images: expected uint8 [N, {expected}],"
                 f" got {images.dtype} {list(images.shape)}."
             )
-        bad = (labels < 0) | (labels >= self.num_classes)
+        bad = (labels < 0) | (labels >= len(self.all_class_names))
         if bad.any():
             raise ValueError(
-                f"{type(self).__name__} {split} labels: {int(bad.sum())} outside [0, {self.num_classes}),"
+                f"{type(self).__name__} {split} labels: {int(bad.sum())} outside [0, {len(self.all_class_names)}),"
                 f" e.g. {labels[bad][:5].tolist()}. Fix the label files or the class count."
             )
 

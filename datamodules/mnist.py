@@ -13,9 +13,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import torchvision
-from lightning.pytorch.utilities import rank_zero_info
 
-from datamodules.idx import ALL_FILES, DatasetNotFoundError, has_all_files, load_split, torchvision_download
+from datamodules.files import resolve_dataset_dir, torchvision_download
+from datamodules.idx import ALL_FILES, has_all_files, load_split
 from datamodules.in_memory import Batch, InMemoryImageDataModule
 
 
@@ -25,11 +25,10 @@ class MNISTDataModule(InMemoryImageDataModule):
     torchvision_dataset = torchvision.datasets.MNIST
     system_dirs: tuple[str, ...] = ("/usr/share/datasets/mnist",)
     system_package_hint = "no system package ships MNIST on Debian"
-    num_classes = 10
     input_shape = (1, 28, 28)
     mean = (0.1307,)
     std = (0.3081,)
-    class_names = tuple(str(digit) for digit in range(10))
+    all_class_names = tuple(str(digit) for digit in range(10))
 
     @property
     def local_dir(self) -> Path:
@@ -37,25 +36,14 @@ class MNISTDataModule(InMemoryImageDataModule):
 
     def resolve_files(self) -> Path:
         """The folder holding the four IDX files, downloading them if needed (see module docstring)."""
-        if has_all_files(self.local_dir):
-            return self.local_dir
-        for system_dir in map(Path, self.system_dirs):
-            if has_all_files(system_dir):
-                return system_dir
-        try:
-            torchvision_download(self.torchvision_dataset, Path(self.data_dir))
-        except Exception as err:  # any network or HTTP failure ends in the same advice
-            name = self.torchvision_dataset.__name__
-            raise DatasetNotFoundError(
-                f"{name} not found and the download failed ({type(err).__name__}: {err}).\n"
-                f"Looked in: {self.local_dir} and {', '.join(self.system_dirs)}.\n"
-                f"Fix: put {', '.join(f + '.gz' for f in ALL_FILES)} into {self.local_dir}/ "
-                f"(or set --data.data_dir), or {self.system_package_hint}."
-            ) from err
-        return self.local_dir
-
-    def prepare_data(self) -> None:
-        rank_zero_info(f"{type(self).__name__}: using {self.resolve_files()}")
+        return resolve_dataset_dir(
+            self.local_dir,
+            [Path(d) for d in self.system_dirs],
+            has_all_files,
+            lambda: torchvision_download(self.torchvision_dataset, Path(self.data_dir)),
+            f"put {', '.join(f + '.gz' for f in ALL_FILES)} into {self.local_dir}/ (or set --data.data_dir),"
+            f" or {self.system_package_hint}.",
+        )
 
     def load_splits(self) -> tuple[Batch, Batch]:
         folder = self.resolve_files()
@@ -70,7 +58,7 @@ class FashionMNISTDataModule(MNISTDataModule):
     system_package_hint = "install Debian's package: `apt-get install dataset-fashion-mnist`"
     mean = (0.2860,)
     std = (0.3530,)
-    class_names = (
+    all_class_names = (
         "T-shirt/top",
         "Trouser",
         "Pullover",

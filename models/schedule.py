@@ -45,4 +45,18 @@ class WarmupSchedule(LRScheduler):
 
     def get_lr(self) -> list[float]:
         factor = lr_factor(self.last_epoch, **self.factor_kwargs)
-        return [group.setdefault("initial_lr", group["lr"]) * factor for group in self.optimizer.param_groups]
+        return [
+            group.setdefault("initial_lr", group["lr"]) * factor * self._ramp(group)
+            for group in self.optimizer.param_groups
+        ]
+
+    def _ramp(self, group: dict) -> float:
+        """Extra linear warmup of a group added mid-run (keys `ramp_start`, `ramp_steps`)."""
+        if group.get("ramp_steps", 0) <= 0:
+            return 1.0
+        return min(1.0, (self.last_epoch - group["ramp_start"] + 1) / group["ramp_steps"])
+
+    def apply(self) -> None:
+        """Set every group's lr for the current step now, e.g. right after adding a group."""
+        for group, lr in zip(self.optimizer.param_groups, self.get_lr(), strict=True):
+            group["lr"] = lr

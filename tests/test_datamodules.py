@@ -9,7 +9,8 @@ import torch
 import torchvision
 
 from datamodules import FashionMNISTDataModule
-from datamodules.idx import ALL_FILES, DatasetNotFoundError, read_idx
+from datamodules.files import DatasetNotFoundError
+from datamodules.idx import ALL_FILES, read_idx
 from datamodules.in_memory import random_crop_flip
 
 

@@ -6,10 +6,11 @@ from pathlib import Path
 
 import torch
 from lightning import Trainer, seed_everything
-from lightning.pytorch.callbacks import Callback, EarlyStopping, ModelCheckpoint
+from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
 
 from datamodules import FashionMNISTDataModule
 from models import SimpleCNN
+from tests.helpers import StopAfterEpoch
 
 
 def _fit(tmp_path: Path, seed: int, callbacks=(), max_epochs: int = 1, **model_kwargs) -> Trainer:
@@ -48,17 +49,6 @@ def test_early_stopping_stops_when_val_loss_stalls(tmp_path: Path, fashion_mnist
     trainer = _fit(tmp_path, 0, callbacks=[early_stopping], max_epochs=30, lr=0.0)
     assert early_stopping.stopped_epoch == 5
     assert trainer.current_epoch == 6
-
-
-class StopAfterEpoch(Callback):
-    """Ends fit after epoch `epoch` as an interruption would (the schedule still expects the full run)."""
-
-    def __init__(self, epoch: int) -> None:
-        self.epoch = epoch
-
-    def on_train_epoch_end(self, trainer: Trainer, pl_module) -> None:
-        if trainer.current_epoch == self.epoch:
-            trainer.should_stop = True
 
 
 def test_resumed_run_ends_exactly_like_an_uninterrupted_one(tmp_path: Path, fashion_mnist_dir) -> None:
