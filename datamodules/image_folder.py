@@ -97,7 +97,7 @@ class ImageFolderDataModule(LightningDataModule):
         min_crop_scale: float = 0.08,
         on_corrupt: Literal["skip", "error"] = "skip",
         num_workers: int = min(4, os.cpu_count() or 1),
-        pin_memory: bool = True,
+        pin_memory: bool | None = None,
     ) -> None:
         """
         Args:
@@ -111,7 +111,7 @@ class ImageFolderDataModule(LightningDataModule):
             min_crop_scale: Smallest area fraction of RandomResizedCrop while training.
             on_corrupt: `skip` logs the unreadable file and drops it from its batch; `error` stops the run.
             num_workers: Decoding processes; files need several, unlike in-memory data.
-            pin_memory: Page-locked host memory for faster copies to a GPU.
+            pin_memory: Page-locked host memory for faster copies to a GPU (default: when CUDA is available).
         """
         super().__init__()
         self.save_hyperparameters()
@@ -119,7 +119,7 @@ class ImageFolderDataModule(LightningDataModule):
         self.batch_size = batch_size
         self.on_corrupt = on_corrupt
         self.num_workers = num_workers
-        self.pin_memory = pin_memory
+        self.pin_memory = torch.cuda.is_available() if pin_memory is None else pin_memory
         normalize = [v2.ToImage(), v2.ToDtype(torch.float32, scale=True), v2.Normalize(list(mean), list(std))]
         self.train_transform = v2.Compose(
             [

@@ -1,0 +1,132 @@
+"""ImageFolder and CIFAR-10 datamodules on real Fashion-MNIST images written in their file formats."""
+
+from __future__ import annotations
+
+import logging
+import pickle
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import torchvision
+from PIL import Image
+
+from datamodules import CIFAR10DataModule, ImageFolderDataModule
+from datamodules.files import DatasetNotFoundError
+from datamodules.idx import read_idx
+from datamodules.image_folder import CorruptImageError, compute_mean_std
+
+CLASSES = {0: "tshirt", 1: "trouser", 7: "sneaker"}
+
+
+@pytest.fixture(scope="module")
+def fmnist(fashion_mnist_dir: Path) -> tuple[torch.Tensor, torch.Tensor]:
+    images = read_idx(fashion_mnist_dir / "t10k-images-idx3-ubyte.gz")[:600]
+    labels = read_idx(fashion_mnist_dir / "t10k-labels-idx1-ubyte.gz")[:600].long()
+    return images, labels
+
+
+@pytest.fixture
+def image_root(tmp_path: Path, fmnist) -> Path:
+    """train/ and val/ with PNG and JPEG files of real clothing images, one corrupt file, one empty class."""
+    images, labels = fmnist
+    for split, start in (("train", 0), ("val", 300)):
+        for label, name in CLASSES.items():
+            folder = tmp_path / split / name
+            folder.mkdir(parents=True)
+            picks = (labels[start:] == label).nonzero().flatten()[:6] + start
+            for i, index in enumerate(picks.tolist()):
+                suffix = ".png" if i % 2 else ".jpg"
+                Image.fromarray(images[index].numpy()).convert("RGB").save(folder / f"{index}{suffix}")
+    (tmp_path / "train" / "tshirt" / "broken.jpg").write_bytes(b"\xff\xd8\xff\xe0 this is not a jpeg")
+    (tmp_path / "train" / "zz_empty").mkdir()
+    (tmp_path / "val" / "zz_empty").mkdir()
+    return tmp_path
+
+
+def test_classes_come_from_train_and_include_an_empty_one(image_root: Path, caplog) -> None:
+    dm = ImageFolderDataModule(root=str(image_root), image_size=32, batch_size=4, num_workers=0)
+    assert dm.class_names == ["sneaker", "trouser", "tshirt", "zz_empty"] and dm.num_classes == 4
+    with caplog.at_level(logging.WARNING):
+        dm.setup("fit")
+    assert f"{image_root / 'train' / 'zz_empty'} has no images" in caplog.text
+    assert dm.splits["val"].class_to_idx == dm.splits["train"].class_to_idx
+
+
+def test_corrupt_file_is_skipped_and_named(image_root: Path, caplog) -> None:
+    dm = ImageFolderDataModule(root=str(image_root), image_size=32, batch_size=64, num_workers=0)
+    dm.setup("fit")
+    with caplog.at_level(logging.WARNING):
+        (images, labels) = next(iter(dm.train_dataloader()))
+    assert images.shape == (18, 3, 32, 32) and images.dtype == torch.float32  # 19 files, one skipped
+    assert sorted(labels.bincount().tolist()) == [6, 6, 6]
+    assert "broken.jpg: cannot be decoded as an image" in caplog.text
+
+
+def test_corrupt_file_stops_the_run_when_asked_also_from_a_worker(image_root: Path) -> None:
+    dm = ImageFolderDataModule(root=str(image_root), image_size=32, batch_size=64, num_workers=2, on_corrupt="error")
+    dm.setup("fit")
+    with pytest.raises(CorruptImageError, match=r"broken\.jpg: cannot be decoded"):
+        next(iter(dm.train_dataloader()))
+
+
+def test_eval_transform_is_deterministic_and_train_is_random(image_root: Path) -> None:
+    dm = ImageFolderDataModule(root=str(image_root), image_size=24, batch_size=4, num_workers=0)
+    dm.setup("fit")
+    first, second = dm.splits["val"][0][0], dm.splits["val"][0][0]
+    assert torch.equal(first, second) and first.shape == (3, 24, 24)
+    samples = [dm.splits["train"][1][0] for _ in range(5)]
+    assert any(not torch.equal(samples[0], s) for s in samples[1:])
+
+
+def test_val_class_unknown_to_train_is_an_error(image_root: Path) -> None:
+    (image_root / "val" / "hat").mkdir()
+    dm = ImageFolderDataModule(root=str(image_root), num_workers=0)
+    with pytest.raises(ValueError, match=r"class folders \['hat'\] do not exist in the train split"):
+        dm.setup("fit")
+
+
+def test_missing_root_names_the_expected_layout(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError, match=r"expects <root>/train/<class>/<images>"):
+        ImageFolderDataModule(root=str(tmp_path / "nothing")).setup("fit")
+
+
+def test_mean_std_utility_matches_the_pixels(image_root: Path, fmnist) -> None:
+    (image_root / "train" / "tshirt" / "broken.jpg").unlink()
+    mean, std = compute_mean_std(image_root / "train" / "trouser", image_size=28)
+    pixels = torch.stack(
+        [torch.from_numpy(np.array(Image.open(p))) for p in (image_root / "train/trouser").glob("*.png")]
+    )
+    assert mean[0] == mean[1] == mean[2]  # gray images stored as RGB
+    assert 0.05 < mean[0] < 0.6 and 0.05 < std[0] < 0.5
+    assert abs(mean[0] - pixels.float().mean().item() / 255) < 0.05  # jpeg and png halves agree roughly
+
+
+def _write_cifar_batch(path: Path, images: torch.Tensor, labels: torch.Tensor) -> None:
+    rgb = torch.nn.functional.pad(images, (2, 2, 2, 2)).unsqueeze(1).repeat(1, 3, 1, 1)  # 28x28 gray -> 32x32 RGB
+    with open(path, "wb") as f:
+        pickle.dump({"data": rgb.reshape(len(rgb), -1).numpy(), "labels": labels.tolist()}, f)
+
+
+def test_cifar10_reads_the_official_python_batches(tmp_path: Path, fmnist) -> None:
+    images, labels = fmnist
+    folder = tmp_path / "cifar-10-batches-py"
+    folder.mkdir()
+    for i in range(1, 6):
+        _write_cifar_batch(folder / f"data_batch_{i}", images[i * 100 : (i + 1) * 100], labels[i * 100 : (i + 1) * 100])
+    _write_cifar_batch(folder / "test_batch", images[:100], labels[:100])
+    dm = CIFAR10DataModule(data_dir=str(tmp_path), val_size=50)
+    dm.setup("fit")
+    assert (len(dm.splits["train"]), len(dm.splits["val"]), len(dm.splits["test"])) == (450, 50, 100)
+    test_images = dm.splits["test"].images
+    assert test_images.shape == (100, 3, 32, 32) and test_images.dtype == torch.uint8
+    assert torch.equal(test_images[:, 1, 2:30, 2:30], images[:100]) and torch.equal(
+        dm.splits["test"].labels, labels[:100]
+    )
+
+
+def test_cifar10_offline_without_files_says_where_to_put_them(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setattr(torchvision.datasets.CIFAR10, "url", "http://127.0.0.1:9/cifar-10-python.tar.gz")
+    with pytest.raises(DatasetNotFoundError, match=r"cifar-10-batches-py/data_batch_1 exists"):
+        CIFAR10DataModule(data_dir=str(tmp_path)).prepare_data()
