@@ -21,6 +21,9 @@ class TemplateCLI(LightningCLI):
         # Facts about the data are given once, by the datamodule, never typed twice.
         parser.link_arguments("data.num_classes", "model.init_args.num_classes", apply_on="instantiate")
         parser.link_arguments("data.input_shape", "model.init_args.input_shape", apply_on="instantiate")
+        # Links whose source or target a class lacks are skipped (image data has no vocabulary).
+        for name in ("vocab_size", "pad_id", "max_length"):
+            parser.link_arguments(f"data.{name}", f"model.init_args.{name}", apply_on="instantiate")
         parser.add_argument(
             "--test_after_fit",
             type=bool,
@@ -32,6 +35,10 @@ class TemplateCLI(LightningCLI):
         config = self.config[self.subcommand] if self.subcommand else self.config
         if config.get("ckpt_path") == "last":
             self._resolve_last_checkpoint(config)
+        data_args = getattr(config.get("data"), "init_args", None)
+        if config.get("ckpt_path") and data_args is not None and "vocab_from_checkpoint" in data_args:
+            # The vocabulary the checkpoint was trained with, not one rebuilt from today's files.
+            data_args.vocab_from_checkpoint = data_args.vocab_from_checkpoint or config.ckpt_path
 
     def _resolve_last_checkpoint(self, config) -> None:
         """`--ckpt_path last`: the newest last.ckpt of this experiment, across its versions.

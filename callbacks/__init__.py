@@ -2,5 +2,6 @@
 Lightning's own (ModelCheckpoint, EarlyStopping, LearningRateMonitor) are wired in `configs/`."""
 
 from callbacks.finetuning import TwoStageFinetuning
+from callbacks.prediction_writer import CSVPredictionWriter
 
-__all__ = ["TwoStageFinetuning"]
+__all__ = ["CSVPredictionWriter", "TwoStageFinetuning"]

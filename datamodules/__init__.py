@@ -2,6 +2,7 @@ from datamodules.cifar import CIFAR10DataModule
 from datamodules.image_folder import ImageFolderDataModule
 from datamodules.in_memory import InMemoryImageDataModule
 from datamodules.mnist import FashionMNISTDataModule, MNISTDataModule
+from datamodules.text import TextClassificationDataModule
 
 __all__ = [
     "CIFAR10DataModule",
@@ -9,4 +10,5 @@ __all__ = [
     "ImageFolderDataModule",
     "InMemoryImageDataModule",
     "MNISTDataModule",
+    "TextClassificationDataModule",
 ]

@@ -1,0 +1,299 @@
+"""Text classification from CSV, TSV or JSONL files, with a tokenizer built from the training set.
+
+Tokenizer: word level (lower-cased words and punctuation marks), vocabulary from the
+training file by frequency. It needs no network or pretrained files, and it makes
+short sequences: attention cost grows with the square of the length, and a
+byte-level tokenizer would make sequences ~5x longer for the same text. Words never
+seen in training map to <unk>. The vocabulary and label names are saved in every
+checkpoint (the datamodule's `state_dict`), so `predict` works from a checkpoint
+without the training file.
+
+Batches are padded per batch to their longest sequence, and sequences of similar
+length are batched together (`BucketSampler`) so little compute is spent on padding.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import os
+import re
+from collections import Counter
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from lightning import LightningDataModule
+from torch.utils.data import DataLoader, Dataset, DistributedSampler
+
+TOKEN_PATTERN = re.compile(r"\w+|[^\w\s]")
+
+
+class WordTokenizer:
+    PAD, UNK = "<pad>", "<unk>"
+    pad_id, unk_id = 0, 1
+
+    def __init__(self, vocab: Sequence[str]) -> None:
+        if list(vocab[:2]) != [self.PAD, self.UNK]:
+            raise ValueError("vocab must start with <pad>, <unk>")
+        self.vocab = list(vocab)
+        self.ids = {word: i for i, word in enumerate(self.vocab)}
+
+    @staticmethod
+    def split(text: str) -> list[str]:
+        return TOKEN_PATTERN.findall(text.lower())
+
+    @classmethod
+    def build(cls, texts: Sequence[str], max_vocab: int, min_freq: int) -> WordTokenizer:
+        counts = Counter(word for text in texts for word in cls.split(text))
+        # Most frequent first; ties broken alphabetically so the vocabulary is reproducible.
+        words = sorted((w for w, c in counts.items() if c >= min_freq), key=lambda w: (-counts[w], w))
+        return cls([cls.PAD, cls.UNK, *words[: max_vocab - 2]])
+
+    def encode(self, text: str, max_length: int) -> list[int]:
+        ids = [self.ids.get(word, self.unk_id) for word in self.split(text)][:max_length]
+        return ids or [self.unk_id]  # an empty text still gets one token
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return " ".join(self.vocab[i] for i in ids if i != self.pad_id)
+
+    def __len__(self) -> int:
+        return len(self.vocab)
+
+
+def read_records(path: Path, text_column: str, label_column: str | None) -> list[tuple[str, str | None]]:
+    """(text, label) pairs from .csv, .tsv, .jsonl or (texts only) .txt with one text per line."""
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: file not found.")
+    suffix = path.suffix.lower()
+    if suffix == ".txt":
+        return [(line.rstrip("\n"), None) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    if suffix in {".csv", ".tsv"}:
+        with open(path, newline="", encoding="utf-8") as f:
+            rows = list(csv.DictReader(f, delimiter="\t" if suffix == ".tsv" else ","))
+    elif suffix in {".jsonl", ".json"}:
+        rows = []
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+            if line.strip():
+                try:
+                    rows.append(json.loads(line))
+                except json.JSONDecodeError as err:
+                    raise ValueError(f"{path}:{number}: not a JSON object ({err}).") from err
+    else:
+        raise ValueError(f"{path}: unsupported file type {suffix!r}; use .csv, .tsv, .jsonl or .txt.")
+    columns = [text_column] + ([label_column] if label_column else [])
+    for number, row in enumerate(rows, start=1):
+        missing = [c for c in columns if c not in row]
+        if missing:
+            raise KeyError(
+                f"{path}: record {number} has no column {missing}; it has {sorted(row)}."
+                " Set --data.text_column / --data.label_column."
+            )
+    return [(str(row[text_column]), str(row[label_column]) if label_column else None) for row in rows]
+
+
+class EncodedTexts(Dataset):
+    def __init__(self, ids: list[list[int]], labels: list[int]) -> None:
+        self.ids, self.labels = ids, labels
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def __getitem__(self, index: int) -> tuple[list[int], int]:
+        return self.ids[index], self.labels[index]
+
+
+class PadCollate:
+    """Pads a batch to its longest sequence (a class, so DataLoader workers can pickle it)."""
+
+    def __init__(self, pad_id: int) -> None:
+        self.pad_id = pad_id
+
+    def __call__(self, batch: list[tuple[list[int], int]]) -> tuple[torch.Tensor, torch.Tensor]:
+        longest = max(len(ids) for ids, _ in batch)
+        tokens = torch.full((len(batch), longest), self.pad_id, dtype=torch.long)
+        for row, (ids, _) in enumerate(batch):
+            tokens[row, : len(ids)] = torch.tensor(ids)
+        return tokens, torch.tensor([label for _, label in batch])
+
+
+class BucketSampler(DistributedSampler):
+    """Shuffles, then orders each window of `batch_size * multiplier` samples by length.
+
+    Consecutive `batch_size` indices (what the DataLoader batches together) then have
+    similar lengths, and the batches are shuffled so lengths do not trend within an
+    epoch. Whole batches are dealt out to ranks. The order depends only on (seed, epoch),
+    and Lightning keeps it under DDP because it is a DistributedSampler.
+    """
+
+    def __init__(
+        self, lengths: Sequence[int], batch_size: int, multiplier: int, num_replicas: int, rank: int, seed: int
+    ) -> None:
+        super().__init__(lengths, num_replicas=num_replicas, rank=rank, shuffle=True, seed=seed)  # type: ignore[arg-type]
+        self.lengths, self.batch_size, self.multiplier = lengths, batch_size, multiplier
+        batches = math.ceil(len(lengths) / batch_size)
+        self.batches_per_rank = math.ceil(batches / num_replicas)
+        self.num_samples = self.batches_per_rank * batch_size  # what each rank yields
+
+    def __iter__(self) -> Iterator[int]:
+        generator = torch.Generator().manual_seed(self.seed + self.epoch)
+        order = torch.randperm(len(self.lengths), generator=generator).tolist()
+        window = self.batch_size * self.multiplier
+        ordered = []
+        for start in range(0, len(order), window):
+            ordered += sorted(order[start : start + window], key=self.lengths.__getitem__)
+        batches = [ordered[i : i + self.batch_size] for i in range(0, len(ordered), self.batch_size)]
+        batches = [batches[i] for i in torch.randperm(len(batches), generator=generator).tolist()]
+        batches += batches[: self.batches_per_rank * self.num_replicas - len(batches)]  # equal count per rank
+        for batch in batches[self.rank :: self.num_replicas]:
+            # Pad a short batch with its own samples so batch boundaries stay aligned.
+            yield from (batch * self.batch_size)[: self.batch_size]
+
+    def __len__(self) -> int:
+        return self.num_samples
+
+
+class TextClassificationDataModule(LightningDataModule):
+    def __init__(
+        self,
+        train_file: str | None = None,
+        val_file: str | None = None,
+        test_file: str | None = None,
+        predict_file: str | None = None,
+        text_column: str = "text",
+        label_column: str = "label",
+        val_fraction: float = 0.1,
+        split_seed: int = 1234,
+        max_length: int = 128,
+        max_vocab: int = 20000,
+        min_freq: int = 2,
+        batch_size: int = 64,
+        bucket_multiplier: int = 50,
+        num_workers: int = 0,
+        vocab_from_checkpoint: str | None = None,
+    ) -> None:
+        """
+        Args:
+            train_file: Training texts and labels (.csv, .tsv or .jsonl); builds vocabulary and label set.
+            val_file: Validation file; if absent, `val_fraction` of train_file is held out (fixed, seeded).
+            test_file: Test file with labels.
+            predict_file: Texts to classify: .txt (one per line) or a file with `text_column`.
+            text_column: Column/key holding the text.
+            label_column: Column/key holding the label (any string; mapped to ids in sorted order).
+            val_fraction: Share of train_file held out for validation when there is no val_file.
+            split_seed: Seed of that hold-out.
+            max_length: Texts are truncated to this many tokens.
+            max_vocab: Vocabulary size cap (the most frequent words, plus <pad> and <unk>).
+            min_freq: Words rarer than this in train_file become <unk>.
+            batch_size: Sequences per batch on each device.
+            bucket_multiplier: Length-sorting window, in batches (1 = no bucketing).
+            num_workers: DataLoader workers; 0 is fastest for in-memory token lists.
+            vocab_from_checkpoint: Take vocabulary and labels from this checkpoint instead of
+                train_file (set automatically from --ckpt_path by train.py).
+        """
+        super().__init__()
+        self.save_hyperparameters()
+        self.files = {"train": train_file, "val": val_file, "test": test_file, "predict": predict_file}
+        self.text_column, self.label_column = text_column, label_column
+        self.val_fraction, self.split_seed = val_fraction, split_seed
+        self.max_length = max_length
+        self.batch_size, self.bucket_multiplier, self.num_workers = batch_size, bucket_multiplier, num_workers
+        self.splits: dict[str, EncodedTexts] = {}
+        self.predict_texts: list[str] = []
+        # Vocabulary and labels are needed now: train.py links them into the model.
+        if vocab_from_checkpoint is not None:
+            checkpoint = torch.load(vocab_from_checkpoint, map_location="cpu", weights_only=True)
+            self.load_state_dict(checkpoint[type(self).__qualname__])
+        elif train_file is not None:
+            records = read_records(Path(train_file), text_column, label_column)
+            self.tokenizer = WordTokenizer.build([text for text, _ in records], max_vocab, min_freq)
+            self.class_names = sorted({label for _, label in records})
+        else:
+            raise ValueError("TextClassificationDataModule needs --data.train_file (or --ckpt_path of a trained run).")
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self.tokenizer)
+
+    @property
+    def pad_id(self) -> int:
+        return self.tokenizer.pad_id
+
+    @property
+    def num_classes(self) -> int:
+        return len(self.class_names)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"vocab": self.tokenizer.vocab, "class_names": self.class_names, "max_length": self.max_length}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.tokenizer = WordTokenizer(state_dict["vocab"])
+        self.class_names = list(state_dict["class_names"])
+        self.max_length = state_dict["max_length"]
+
+    def _encode(self, path: str, with_labels: bool) -> tuple[EncodedTexts, list[str]]:
+        records = read_records(Path(path), self.text_column, self.label_column if with_labels else None)
+        label_ids = {name: i for i, name in enumerate(self.class_names)}
+        unknown = sorted({label for _, label in records if with_labels and label not in label_ids})
+        if unknown:
+            raise ValueError(f"{path}: labels {unknown[:10]} do not occur in the training labels {self.class_names}.")
+        ids = [self.tokenizer.encode(text, self.max_length) for text, _ in records]
+        labels = [label_ids[label] if with_labels else -1 for _, label in records]
+        return EncodedTexts(ids, labels), [text for text, _ in records]
+
+    def setup(self, stage: str) -> None:
+        if stage == "predict":
+            if self.files["predict"] is None:
+                raise ValueError("predict needs --data.predict_file (a .txt with one text per line, or .csv/.jsonl).")
+            self.splits["predict"], self.predict_texts = self._encode(self.files["predict"], with_labels=False)
+            return
+        if self.files["train"] is not None and "train" not in self.splits:
+            train, _ = self._encode(self.files["train"], with_labels=True)
+            if self.files["val"] is None:
+                order = torch.randperm(len(train), generator=torch.Generator().manual_seed(self.split_seed)).tolist()
+                held_out = max(1, round(self.val_fraction * len(train)))
+                pick = lambda idx: EncodedTexts([train.ids[i] for i in idx], [train.labels[i] for i in idx])  # noqa: E731
+                self.splits["val"], self.splits["train"] = pick(order[:held_out]), pick(order[held_out:])
+            else:
+                self.splits["train"] = train
+        for split in ("val", "test"):
+            if self.files[split] is not None and split not in self.splits:
+                self.splits[split], _ = self._encode(self.files[split], with_labels=True)
+
+    def _loader(self, split: str) -> DataLoader:
+        if split not in self.splits:
+            raise ValueError(f"No {split} data: set --data.{split}_file.")
+        dataset = self.splits[split]
+        sampler = None
+        if split == "train":
+            world_size, rank = (self.trainer.world_size, self.trainer.global_rank) if self.trainer else (1, 0)
+            lengths = [len(ids) for ids in dataset.ids]
+            seed = int(os.environ.get("PL_GLOBAL_SEED", 0))
+            sampler = BucketSampler(lengths, self.batch_size, self.bucket_multiplier, world_size, rank, seed)
+        return DataLoader(
+            dataset,
+            batch_size=self.batch_size,
+            sampler=sampler,
+            collate_fn=PadCollate(self.pad_id),
+            generator=torch.Generator(),  # keeps the global RNG for the training step (exact resume)
+            num_workers=self.num_workers,
+            persistent_workers=self.num_workers > 0,
+        )
+
+    def train_dataloader(self) -> DataLoader:
+        return self._loader("train")
+
+    def val_dataloader(self) -> DataLoader:
+        return self._loader("val")
+
+    def test_dataloader(self) -> DataLoader:
+        return self._loader("test")
+
+    def predict_dataloader(self) -> DataLoader:
+        return self._loader("predict")
+
+    def predict_inputs(self, indices: Sequence[int]) -> list[str]:
+        """The raw texts behind predicted samples, for writing predictions next to their inputs."""
+        return [self.predict_texts[i] for i in indices]
