@@ -7,7 +7,7 @@ CONFIG ?= configs/simple_cnn.yaml
 export MALLOC_MMAP_THRESHOLD_ ?= 33554432
 export MALLOC_TRIM_THRESHOLD_ ?= 1073741824
 
-.PHONY: install data train test lint format clean transfer
+.PHONY: install data train test lint format clean transfer text-data
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -44,3 +44,8 @@ transfer: data
 	$(BIN)/python train.py fit --config configs/resnet_fmnist_transfer.yaml \
 		--model.weights "$$(ls -t logs/resnet_fmnist_pretrain/*/checkpoints/last.ckpt | head -n 1)"
 	$(BIN)/python train.py fit --config configs/resnet_fmnist_scratch.yaml
+
+# Real text data for configs/transformer_text.yaml: fortune cookies by topic (Debian's `fortunes`).
+text-data: install
+	@test -d /usr/share/games/fortunes || { echo "Needs Debian's fortunes: sudo apt-get install fortunes"; exit 1; }
+	$(BIN)/python -m datamodules.fortunes data/fortunes

@@ -7,16 +7,43 @@ argument of their `__init__` becomes a flag, documented by `--help`.
 
 from __future__ import annotations
 
+import zipfile
 from pathlib import Path
+from typing import Any
 
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
 import datamodules  # noqa: F401  (registers the datamodules for --data)
 import models  # noqa: F401  (registers the models for --model)
+from callbacks import AugmentedBatchImages, ConfusionMatrixImage, ExactResume, FiniteLossGuard
+
+
+def _check_checkpoint_file(path: Path) -> None:
+    """Fail before building anything if --ckpt_path cannot be a checkpoint."""
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"--ckpt_path {path}: no such file. Checkpoints are in logs/<name>/version_*/checkpoints/."
+        )
+    if not zipfile.is_zipfile(path):  # torch.save writes a zip archive; a cut-off file has no central directory
+        raise ValueError(
+            f"--ckpt_path {path}: not a readable PyTorch checkpoint (truncated or corrupt)."
+            " Use another one, e.g. the best-epoch checkpoint next to it."
+        )
 
 
 class TemplateCLI(LightningCLI):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        # Every run gets exact resume (and a graceful Ctrl-C), a stop at NaN loss, and the
+        # augmented-batch and confusion-matrix images in TensorBoard, on top of its config's callbacks.
+        default_callbacks = [ExactResume(), FiniteLossGuard(), AugmentedBatchImages(), ConfusionMatrixImage()]
+        kwargs.setdefault("trainer_defaults", {"callbacks": default_callbacks})
+        kwargs.setdefault("seed_everything_default", 42)
+        kwargs.setdefault("save_config_kwargs", {"overwrite": True})  # a rerun in the same folder may rewrite it
+        # The model builds its optimizer (named param groups for fine-tuning): no --optimizer flag.
+        kwargs.setdefault("auto_configure_optimizers", False)
+        super().__init__(*args, **kwargs)
+
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         # Facts about the data are given once, by the datamodule, never typed twice.
         parser.link_arguments("data.num_classes", "model.init_args.num_classes", apply_on="instantiate")
@@ -35,6 +62,9 @@ class TemplateCLI(LightningCLI):
         config = self.config[self.subcommand] if self.subcommand else self.config
         if config.get("ckpt_path") == "last":
             self._resolve_last_checkpoint(config)
+        checkpoint = config.get("ckpt_path")
+        if checkpoint and checkpoint not in {"best", "last", "hpc"}:
+            _check_checkpoint_file(Path(checkpoint))
         data_args = getattr(config.get("data"), "init_args", None)
         if config.get("ckpt_path") and data_args is not None and "vocab_from_checkpoint" in data_args:
             # The vocabulary the checkpoint was trained with, not one rebuilt from today's files.
@@ -82,15 +112,16 @@ class TemplateCLI(LightningCLI):
             lines.append(f"TensorBoard logs: tensorboard --logdir {trainer.logger.log_dir}")
         if "test_acc" in trainer.callback_metrics:
             lines.append(f"test accuracy: {trainer.callback_metrics['test_acc']:.4f}")
+        if trainer.logger is not None:  # the HPARAMS tab: this run's settings next to its results
+            final = {
+                f"final/{k}": float(v) for k, v in trainer.callback_metrics.items() if k.startswith(("val_", "test_"))
+            }
+            trainer.logger.log_hyperparams(self.model.hparams, final)
         print("\n".join(lines), flush=True)
 
 
 def main() -> None:
-    TemplateCLI(
-        seed_everything_default=42,
-        save_config_kwargs={"overwrite": True},
-        auto_configure_optimizers=False,
-    )
+    TemplateCLI()
 
 
 if __name__ == "__main__":

@@ -25,7 +25,7 @@ from torchvision.datasets import ImageFolder
 from torchvision.datasets.folder import IMG_EXTENSIONS
 from torchvision.transforms import v2
 
-from datamodules.in_memory import epoch_seeded_sampler
+from datamodules.sampling import loader_sampler
 
 log = logging.getLogger(__name__)
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
@@ -80,6 +80,15 @@ class ClassFolderDataset(ImageFolder):
             return None
 
 
+class FileListDataset(ClassFolderDataset):
+    """Unlabelled image files (label -1), e.g. for `predict`."""
+
+    def __init__(self, paths: list[str], transform: Any, on_corrupt: Literal["skip", "error"]) -> None:
+        self.samples = [(path, -1) for path in paths]
+        self.targets = [-1] * len(paths)
+        self.transform, self.target_transform, self.loader, self.on_corrupt = transform, None, load_rgb, on_corrupt
+
+
 def collate_skipping_none(batch: list[Any]) -> Any:
     """Drop samples that were skipped as corrupt (a batch may come out one short)."""
     return default_collate([sample for sample in batch if sample is not None])
@@ -95,6 +104,7 @@ class ImageFolderDataModule(LightningDataModule):
         mean: tuple[float, float, float] = IMAGENET_MEAN,
         std: tuple[float, float, float] = IMAGENET_STD,
         min_crop_scale: float = 0.08,
+        predict_dir: str | None = None,
         on_corrupt: Literal["skip", "error"] = "skip",
         num_workers: int = min(4, os.cpu_count() or 1),
         pin_memory: bool | None = None,
@@ -109,6 +119,7 @@ class ImageFolderDataModule(LightningDataModule):
             mean: Per-channel normalization mean (RGB, 0..1 scale).
             std: Per-channel normalization standard deviation.
             min_crop_scale: Smallest area fraction of RandomResizedCrop while training.
+            predict_dir: Images to classify with `predict` (any folder layout, searched recursively).
             on_corrupt: `skip` logs the unreadable file and drops it from its batch; `error` stops the run.
             num_workers: Decoding processes; files need several, unlike in-memory data.
             pin_memory: Page-locked host memory for faster copies to a GPU (default: when CUDA is available).
@@ -116,6 +127,7 @@ class ImageFolderDataModule(LightningDataModule):
         super().__init__()
         self.save_hyperparameters()
         self.root = Path(root)
+        self.predict_dir = Path(predict_dir) if predict_dir else None
         self.batch_size = batch_size
         self.on_corrupt = on_corrupt
         self.num_workers = num_workers
@@ -143,7 +155,16 @@ class ImageFolderDataModule(LightningDataModule):
         return len(self.class_names)
 
     def setup(self, stage: str) -> None:
-        if self.splits:
+        if stage == "predict":
+            if self.predict_dir is None or not self.predict_dir.is_dir():
+                raise FileNotFoundError(
+                    f"predict needs --data.predict_dir (a folder of images); got {self.predict_dir}."
+                )
+            paths = sorted(str(p) for p in self.predict_dir.rglob("*") if p.suffix.lower() in IMG_EXTENSIONS)
+            # A skipped file would misalign the CSV rows: in predict an unreadable image is an error.
+            self.splits["predict"] = FileListDataset(paths, self.eval_transform, on_corrupt="error")
+            return
+        if "train" in self.splits:
             return
         classes = self.class_names
         self.splits["train"] = ClassFolderDataset(self.root / "train", classes, self.train_transform, self.on_corrupt)
@@ -166,7 +187,7 @@ class ImageFolderDataModule(LightningDataModule):
         return DataLoader(
             dataset,
             batch_size=self.batch_size,
-            sampler=epoch_seeded_sampler(dataset, self.trainer) if shuffle else None,
+            sampler=loader_sampler(dataset, self.trainer, shuffle),
             collate_fn=collate_skipping_none,
             num_workers=self.num_workers,
             pin_memory=self.pin_memory,
@@ -181,6 +202,12 @@ class ImageFolderDataModule(LightningDataModule):
 
     def test_dataloader(self) -> DataLoader:
         return self._loader("test", shuffle=False)
+
+    def predict_dataloader(self) -> DataLoader:
+        return self._loader("predict", shuffle=False)
+
+    def predict_inputs(self, indices: list[int]) -> list[str]:
+        return [self.splits["predict"].samples[i][0] for i in indices]
 
 
 def compute_mean_std(folder: Path, image_size: int = 224, max_images: int = 5000) -> tuple[list[float], list[float]]:

@@ -8,13 +8,14 @@ augmentation and normalization run in batches on the device the model runs on.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import torch
-from lightning import LightningDataModule, Trainer
+from lightning import LightningDataModule
 from lightning.pytorch.utilities import rank_zero_info
-from torch.utils.data import DataLoader, Dataset, DistributedSampler
+from torch.utils.data import DataLoader, Dataset
+
+from datamodules.sampling import loader_sampler
 
 Batch = tuple[torch.Tensor, torch.Tensor]
 
@@ -39,19 +40,6 @@ class TensorPairDataset(Dataset):
 def collate_batch(batch: Batch) -> Batch:
     """`__getitems__` already returns a stacked batch (a module function so workers can pickle it)."""
     return batch
-
-
-def epoch_seeded_sampler(dataset: Dataset, trainer: Trainer | None) -> DistributedSampler:
-    """A shuffle whose order is a function of (global seed, epoch) alone.
-
-    Lightning calls `set_epoch` every epoch. The order then does not depend on how
-    many random numbers were drawn before, so a resumed run sees the same batches as
-    an uninterrupted one. Under DDP the same sampler gives each rank its own shard,
-    and Lightning keeps it instead of injecting its own.
-    """
-    world_size, rank = (trainer.world_size, trainer.global_rank) if trainer is not None else (1, 0)
-    seed = int(os.environ.get("PL_GLOBAL_SEED", 0))
-    return DistributedSampler(dataset, num_replicas=world_size, rank=rank, shuffle=True, seed=seed)
 
 
 def random_crop_flip(images: torch.Tensor, padding: int, flip: bool) -> torch.Tensor:
@@ -195,7 +183,7 @@ class InMemoryImageDataModule(LightningDataModule):
         return DataLoader(
             dataset,
             batch_size=self.batch_size,
-            sampler=epoch_seeded_sampler(dataset, self.trainer) if shuffle else None,
+            sampler=loader_sampler(dataset, self.trainer, shuffle),
             # The loader draws its worker base seed from this generator instead of the
             # global RNG, which stays reserved for the training step (see ClassificationModule).
             generator=torch.Generator(),
@@ -216,6 +204,10 @@ class InMemoryImageDataModule(LightningDataModule):
 
     def predict_dataloader(self) -> DataLoader:
         return self._loader("test", shuffle=False)
+
+    def predict_inputs(self, indices: list[int]) -> list[str]:
+        """Names of predicted samples (`predict` runs on the test split), for CSV output."""
+        return [f"test[{i}]" for i in indices]
 
     def on_after_batch_transfer(self, batch: Batch, dataloader_idx: int) -> Batch:
         """uint8 -> normalized float on the device; augmentation only while training."""

@@ -17,7 +17,6 @@ from __future__ import annotations
 import csv
 import json
 import math
-import os
 import re
 from collections import Counter
 from collections.abc import Iterator, Sequence
@@ -26,7 +25,9 @@ from typing import Any
 
 import torch
 from lightning import LightningDataModule
-from torch.utils.data import DataLoader, Dataset, DistributedSampler
+from torch.utils.data import DataLoader, Dataset
+
+from datamodules.sampling import EpochSampler, eval_sampler, global_seed
 
 TOKEN_PATTERN = re.compile(r"\w+|[^\w\s]")
 
@@ -119,7 +120,7 @@ class PadCollate:
         return tokens, torch.tensor([label for _, label in batch])
 
 
-class BucketSampler(DistributedSampler):
+class BucketSampler(EpochSampler):
     """Shuffles, then orders each window of `batch_size * multiplier` samples by length.
 
     Consecutive `batch_size` indices (what the DataLoader batches together) then have
@@ -137,7 +138,7 @@ class BucketSampler(DistributedSampler):
         self.batches_per_rank = math.ceil(batches / num_replicas)
         self.num_samples = self.batches_per_rank * batch_size  # what each rank yields
 
-    def __iter__(self) -> Iterator[int]:
+    def epoch_indices(self) -> Iterator[int]:
         generator = torch.Generator().manual_seed(self.seed + self.epoch)
         order = torch.randperm(len(self.lengths), generator=generator).tolist()
         window = self.batch_size * self.multiplier
@@ -266,12 +267,11 @@ class TextClassificationDataModule(LightningDataModule):
         if split not in self.splits:
             raise ValueError(f"No {split} data: set --data.{split}_file.")
         dataset = self.splits[split]
-        sampler = None
+        sampler = eval_sampler(dataset, self.trainer)
         if split == "train":
             world_size, rank = (self.trainer.world_size, self.trainer.global_rank) if self.trainer else (1, 0)
             lengths = [len(ids) for ids in dataset.ids]
-            seed = int(os.environ.get("PL_GLOBAL_SEED", 0))
-            sampler = BucketSampler(lengths, self.batch_size, self.bucket_multiplier, world_size, rank, seed)
+            sampler = BucketSampler(lengths, self.batch_size, self.bucket_multiplier, world_size, rank, global_seed())
         return DataLoader(
             dataset,
             batch_size=self.batch_size,

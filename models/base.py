@@ -9,11 +9,8 @@ without Lightning.
 from __future__ import annotations
 
 import math
-import os
-import random
 from typing import Any, Literal
 
-import numpy as np
 import torch
 from lightning import LightningModule
 from torch import nn
@@ -71,16 +68,6 @@ class ClassificationModule(LightningModule):
     def forward(self, inputs: torch.Tensor) -> torch.Tensor:
         return self.net(inputs)
 
-    def on_train_epoch_start(self) -> None:
-        # Re-seed from (global seed, epoch) so shuffling, dropout and augmentation of an
-        # epoch depend on nothing that came before it: a run resumed from a checkpoint
-        # then continues exactly like one that never stopped.
-        base_seed = int(os.environ.get("PL_GLOBAL_SEED", 0))
-        seed = (base_seed + self.current_epoch) % 2**32
-        random.seed(seed)
-        np.random.seed(seed)
-        torch.manual_seed(seed)
-
     def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
         inputs, targets = batch
         logits = self(inputs)
@@ -92,7 +79,7 @@ class ClassificationModule(LightningModule):
         self.log("train_acc", self.train_acc, on_step=False, on_epoch=True)
         return loss
 
-    def _evaluate(self, batch: tuple[torch.Tensor, torch.Tensor], stage: str) -> None:
+    def _evaluate(self, batch: tuple[torch.Tensor, torch.Tensor], stage: str) -> dict[str, torch.Tensor]:
         inputs, targets = batch
         logits = self(inputs)
         loss_metric, acc_metric = getattr(self, f"{stage}_loss"), getattr(self, f"{stage}_acc")
@@ -100,12 +87,13 @@ class ClassificationModule(LightningModule):
         acc_metric(logits, targets)
         self.log(f"{stage}_loss", loss_metric, prog_bar=True)
         self.log(f"{stage}_acc", acc_metric, prog_bar=True)
+        return {"logits": logits.detach(), "targets": targets}  # for callbacks, e.g. the confusion matrix
 
-    def validation_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> None:
-        self._evaluate(batch, "val")
+    def validation_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> dict[str, torch.Tensor]:
+        return self._evaluate(batch, "val")
 
-    def test_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> None:
-        self._evaluate(batch, "test")
+    def test_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> dict[str, torch.Tensor]:
+        return self._evaluate(batch, "test")
 
     def predict_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
         inputs = batch[0] if isinstance(batch, (tuple, list)) else batch

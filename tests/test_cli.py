@@ -13,6 +13,7 @@ from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from datamodules import FashionMNISTDataModule
+from datamodules.fortunes import build as build_fortunes
 from models import SimpleCNN
 from tests.conftest import ROOT, run_cli
 from train import TemplateCLI
@@ -40,10 +41,15 @@ def test_every_config_instantiates(config: Path, tmp_path: Path, monkeypatch: py
     monkeypatch.chdir(tmp_path)
     for name in ("cat", "dog"):
         (tmp_path / "train" / name).mkdir(parents=True)
+    if config.name == "transformer_text.yaml":
+        build_fortunes(tmp_path / "data" / "fortunes")  # where the config looks, relative to the run
     overrides = [arg.format(tmp=tmp_path) for arg in OFFLINE_OVERRIDES.get(config.name, [])]
     cli = TemplateCLI(args=["--config", str(config), *overrides], run=False)
     assert cli.model.hparams.num_classes == cli.datamodule.num_classes  # linked, not typed twice
-    assert tuple(cli.model.hparams.input_shape) == tuple(cli.datamodule.input_shape)
+    for name in ("input_shape", "vocab_size", "pad_id", "max_length"):
+        if hasattr(cli.datamodule, name) and name in cli.model.hparams:
+            as_tuple = lambda value: tuple(value) if isinstance(value, (list, tuple)) else value  # noqa: E731
+            assert as_tuple(cli.model.hparams[name]) == as_tuple(getattr(cli.datamodule, name)), name
     callback_types = {type(c) for c in cli.trainer.callbacks}
     assert {ModelCheckpoint, LearningRateMonitor} <= callback_types
 

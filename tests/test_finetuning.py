@@ -14,7 +14,7 @@ from lightning import Trainer, seed_everything
 from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint
 from lightning.pytorch.loggers import TensorBoardLogger
 
-from callbacks import TwoStageFinetuning
+from callbacks import ExactResume, TwoStageFinetuning
 from datamodules import FashionMNISTDataModule
 from models import ResNetClassifier, SimpleCNN
 from models.resnet import WeightsError
@@ -35,7 +35,8 @@ def _fit(
     trainer = Trainer(
         max_epochs=max_epochs, limit_train_batches=4, limit_val_batches=2, logger=logger, enable_progress_bar=False,
         enable_model_summary=False, enable_checkpointing=any(isinstance(c, ModelCheckpoint) for c in callbacks),
-        deterministic=True, log_every_n_steps=1, callbacks=[c for c in (finetuning, *callbacks) if c is not None],
+        deterministic=True, log_every_n_steps=1,
+        callbacks=[c for c in (finetuning, ExactResume(), *callbacks) if c is not None],
     )  # fmt: skip
     trainer.fit(model, datamodule=FashionMNISTDataModule(batch_size=32), ckpt_path=ckpt_path)
     return trainer, model
@@ -90,14 +91,17 @@ def test_plateau_of_the_monitored_metric_triggers_unfreezing(fashion_mnist_dir) 
     assert finetuning.plateaued and finetuning.unfrozen_at_epoch == 2
 
 
-def test_resume_after_unfreezing_matches_an_uninterrupted_run(tmp_path: Path, fashion_mnist_dir) -> None:
+@pytest.mark.parametrize("stop_epoch", [0, 1], ids=["stopped-in-stage-1", "stopped-after-unfreezing"])
+def test_resume_in_either_stage_matches_an_uninterrupted_run(
+    tmp_path: Path, stop_epoch: int, fashion_mnist_dir
+) -> None:
     def run(directory: Path, *callbacks, ckpt_path: str | None = None) -> tuple[Trainer, ResNetClassifier]:
         checkpoint = ModelCheckpoint(dirpath=directory, save_last=True)
         finetuning = TwoStageFinetuning(unfreeze_at_epoch=1, backbone_warmup_epochs=0.5)
         return _fit(finetuning, 3, callbacks=[checkpoint, *callbacks], ckpt_path=ckpt_path, warmup_epochs=0.5)
 
     full_trainer, full = run(tmp_path / "full")
-    run(tmp_path / "cut", StopAfterEpoch(1))  # stopped after the unfreeze epoch
+    run(tmp_path / "cut", StopAfterEpoch(stop_epoch))  # unfreezing happens at the start of epoch 1
     resumed_trainer, resumed = run(tmp_path / "cut", ckpt_path=str(tmp_path / "cut" / "last.ckpt"))
     expected, actual = full.state_dict(), resumed.state_dict()
     assert all(torch.equal(expected[k], actual[k]) for k in expected)

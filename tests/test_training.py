@@ -6,11 +6,10 @@ from pathlib import Path
 
 import torch
 from lightning import Trainer, seed_everything
-from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
+from lightning.pytorch.callbacks import EarlyStopping
 
 from datamodules import FashionMNISTDataModule
 from models import SimpleCNN
-from tests.helpers import StopAfterEpoch
 
 
 def _fit(tmp_path: Path, seed: int, callbacks=(), max_epochs: int = 1, **model_kwargs) -> Trainer:
@@ -49,25 +48,3 @@ def test_early_stopping_stops_when_val_loss_stalls(tmp_path: Path, fashion_mnist
     trainer = _fit(tmp_path, 0, callbacks=[early_stopping], max_epochs=30, lr=0.0)
     assert early_stopping.stopped_epoch == 5
     assert trainer.current_epoch == 6
-
-
-def test_resumed_run_ends_exactly_like_an_uninterrupted_one(tmp_path: Path, fashion_mnist_dir) -> None:
-    def run(directory: Path, callbacks=(), ckpt_path: str | None = None) -> Trainer:
-        seed_everything(3)
-        datamodule = FashionMNISTDataModule(data_dir="unused", batch_size=32, augment=True)
-        model = SimpleCNN(warmup_epochs=0.5)  # dropout + augmentation + shuffling all draw random numbers
-        checkpoint = ModelCheckpoint(dirpath=directory, save_last=True)
-        trainer = Trainer(
-            max_epochs=3, limit_train_batches=8, limit_val_batches=2, logger=False, enable_progress_bar=False,
-            enable_model_summary=False, deterministic=True, callbacks=[checkpoint, *callbacks],
-        )  # fmt: skip
-        trainer.fit(model, datamodule=datamodule, ckpt_path=ckpt_path)
-        return trainer
-
-    uninterrupted = run(tmp_path / "a")
-    run(tmp_path / "b", callbacks=[StopAfterEpoch(1)])
-    resumed = run(tmp_path / "b", ckpt_path=str(tmp_path / "b" / "last.ckpt"))
-    assert resumed.global_step == uninterrupted.global_step == 24
-    expected, actual = uninterrupted.lightning_module.state_dict(), resumed.lightning_module.state_dict()
-    assert all(torch.equal(expected[k], actual[k]) for k in expected)
-    assert resumed.callback_metrics["val_loss"].item() == uninterrupted.callback_metrics["val_loss"].item()
