@@ -58,19 +58,25 @@ class TemplateCLI(LightningCLI):
             help="After `fit`, evaluate the best checkpoint on the test split.",
         )
 
-    def before_instantiate_classes(self) -> None:
-        config = self.config[self.subcommand] if self.subcommand else self.config
+    def parse_arguments(self, parser: LightningArgumentParser, args: Any) -> None:
+        super().parse_arguments(parser, args)
+        # Before LightningCLI reads the checkpoint's hyperparameters (right after parsing).
+        subcommand = self.config.get("subcommand")
+        config = self.config[subcommand] if subcommand else self.config
         if config.get("ckpt_path") == "last":
-            self._resolve_last_checkpoint(config)
+            self._resolve_last_checkpoint(config, subcommand)
         checkpoint = config.get("ckpt_path")
-        if checkpoint and checkpoint not in {"best", "last", "hpc"}:
+        if not checkpoint:
+            return
+        if checkpoint not in {"best", "last", "hpc"}:
             _check_checkpoint_file(Path(checkpoint))
         data_args = getattr(config.get("data"), "init_args", None)
-        if config.get("ckpt_path") and data_args is not None and "vocab_from_checkpoint" in data_args:
+        if data_args is not None and "vocab_from_checkpoint" in data_args:
             # The vocabulary the checkpoint was trained with, not one rebuilt from today's files.
-            data_args.vocab_from_checkpoint = data_args.vocab_from_checkpoint or config.ckpt_path
+            data_args.vocab_from_checkpoint = data_args.vocab_from_checkpoint or checkpoint
 
-    def _resolve_last_checkpoint(self, config) -> None:
+    @staticmethod
+    def _resolve_last_checkpoint(config: Any, subcommand: str | None) -> None:
         """`--ckpt_path last`: the newest last.ckpt of this experiment, across its versions.
 
         Lightning alone only looks in the new run's own (empty) version folder and
@@ -84,13 +90,13 @@ class TemplateCLI(LightningCLI):
         experiment_dir = Path(init_args.save_dir) / (init_args.get("name") or "lightning_logs")
         candidates = sorted(experiment_dir.glob("*/checkpoints/last.ckpt"), key=lambda p: p.stat().st_mtime)
         if not candidates:
-            if self.subcommand != "fit":
+            if subcommand != "fit":
                 raise FileNotFoundError(f"--ckpt_path last: no {experiment_dir}/*/checkpoints/last.ckpt found.")
             rank_zero_warn(f"--ckpt_path last: nothing to resume in {experiment_dir}; starting from scratch.")
             config.ckpt_path = None
             return
         config.ckpt_path = str(candidates[-1])
-        if self.subcommand == "fit":
+        if subcommand == "fit":
             init_args.version = candidates[-1].parent.parent.name
         rank_zero_info(f"Resuming from {config.ckpt_path}")
 
