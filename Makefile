@@ -7,7 +7,7 @@ CONFIG ?= configs/simple_cnn.yaml
 export MALLOC_MMAP_THRESHOLD_ ?= 33554432
 export MALLOC_TRIM_THRESHOLD_ ?= 1073741824
 
-.PHONY: install data train test lint format clean transfer text-data
+.PHONY: install data train test bench lint format clean transfer text-data
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -26,6 +26,9 @@ train: data
 
 test: install
 	$(BIN)/python -m pytest
+
+bench: data
+	$(BIN)/python -m benchmarks.run
 
 lint: install
 	$(BIN)/ruff check .

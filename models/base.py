@@ -13,6 +13,7 @@ from typing import Any, Literal
 
 import torch
 from lightning import LightningModule
+from lightning.pytorch.utilities import rank_zero_info
 from torch import nn
 from torchmetrics import MeanMetric
 from torchmetrics.classification import MulticlassAccuracy
@@ -36,6 +37,8 @@ class ClassificationModule(LightningModule):
         step_epochs: float = 10.0,
         step_gamma: float = 0.1,
         label_smoothing: float = 0.0,
+        compile: bool = False,
+        channels_last: bool = False,
     ) -> None:
         """
         Args:
@@ -51,6 +54,8 @@ class ClassificationModule(LightningModule):
             step_epochs: Epochs between learning-rate drops of the `step` schedule.
             step_gamma: Factor of each drop of the `step` schedule.
             label_smoothing: Cross-entropy label smoothing.
+            compile: Compile the network (`self.net`, not the LightningModule) with torch.compile.
+            channels_last: Store conv weights and image batches NHWC (faster convolutions on recent GPUs).
         """
         super().__init__()
         self.save_hyperparameters()
@@ -65,7 +70,20 @@ class ClassificationModule(LightningModule):
         self.val_loss = MeanMetric()
         self.test_loss = MeanMetric()
 
+    def configure_model(self) -> None:
+        # Runs once per process before DDP wraps the model, so the wrapper sees the final
+        # network. In-place `compile()` keeps state_dict keys, so checkpoints stay loadable
+        # into an uncompiled model.
+        if self.hparams.channels_last:
+            self.net.to(memory_format=torch.channels_last)
+        if self.hparams.compile and not getattr(self, "_compiled", False):
+            self.net.compile()
+            self._compiled = True
+            rank_zero_info("torch.compile: model.net compiled once in this process (DDP wraps it afterwards).")
+
     def forward(self, inputs: torch.Tensor) -> torch.Tensor:
+        if self.hparams.channels_last and inputs.dim() == 4:
+            inputs = inputs.contiguous(memory_format=torch.channels_last)
         return self.net(inputs)
 
     def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:

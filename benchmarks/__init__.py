@@ -1,0 +1,1 @@
+"""Benchmarks of the template: `python -m benchmarks.run` (see run.py)."""
