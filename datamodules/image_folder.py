@@ -25,7 +25,7 @@ from torchvision.datasets import ImageFolder
 from torchvision.datasets.folder import IMG_EXTENSIONS
 from torchvision.transforms import v2
 
-from datamodules.sampling import loader_sampler
+from datamodules.sampling import SplitLoaders, make_loader
 
 log = logging.getLogger(__name__)
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
@@ -94,7 +94,7 @@ def collate_skipping_none(batch: list[Any]) -> Any:
     return default_collate([sample for sample in batch if sample is not None])
 
 
-class ImageFolderDataModule(LightningDataModule):
+class ImageFolderDataModule(SplitLoaders, LightningDataModule):
     def __init__(
         self,
         root: str = "data/images",
@@ -180,31 +180,13 @@ class ImageFolderDataModule(LightningDataModule):
             if count == 0:
                 log.warning("%s has no images: class '%s' cannot be learned.", self.root / "train" / name, name)
 
-    def _loader(self, split: str, shuffle: bool) -> DataLoader:
+    def loader(self, split: str, shuffle: bool) -> DataLoader:
         if split not in self.splits:
             raise FileNotFoundError(f"{self.root / split} not found; it is needed for this stage.")
-        dataset = self.splits[split]
-        return DataLoader(
-            dataset,
-            batch_size=self.batch_size,
-            sampler=loader_sampler(dataset, self.trainer, shuffle),
-            collate_fn=collate_skipping_none,
-            num_workers=self.num_workers,
-            pin_memory=self.pin_memory,
-            persistent_workers=self.num_workers > 0,
-        )
-
-    def train_dataloader(self) -> DataLoader:
-        return self._loader("train", shuffle=True)
-
-    def val_dataloader(self) -> DataLoader:
-        return self._loader("val", shuffle=False)
-
-    def test_dataloader(self) -> DataLoader:
-        return self._loader("test", shuffle=False)
-
-    def predict_dataloader(self) -> DataLoader:
-        return self._loader("predict", shuffle=False)
+        return make_loader(
+            self.splits[split], self.trainer, shuffle, self.batch_size, collate_skipping_none, self.num_workers,
+            self.pin_memory,
+        )  # fmt: skip
 
     def predict_inputs(self, indices: list[int]) -> list[str]:
         return [self.splits["predict"].samples[i][0] for i in indices]

@@ -15,7 +15,7 @@ from lightning import LightningDataModule
 from lightning.pytorch.utilities import rank_zero_info
 from torch.utils.data import DataLoader, Dataset
 
-from datamodules.sampling import loader_sampler
+from datamodules.sampling import SplitLoaders, make_loader
 
 Batch = tuple[torch.Tensor, torch.Tensor]
 
@@ -59,7 +59,7 @@ def random_crop_flip(images: torch.Tensor, padding: int, flip: bool) -> torch.Te
     return images
 
 
-class InMemoryImageDataModule(LightningDataModule):
+class InMemoryImageDataModule(SplitLoaders, LightningDataModule):
     """Base for datasets held as uint8 [N, C, H, W] tensors. Subclasses implement `load_splits`."""
 
     mean: tuple[float, ...] = (0.5,)
@@ -178,32 +178,11 @@ class InMemoryImageDataModule(LightningDataModule):
                 f" e.g. {labels[bad][:5].tolist()}. Fix the label files or the class count."
             )
 
-    def _loader(self, split: str, shuffle: bool) -> DataLoader:
-        dataset = self.splits[split]
-        return DataLoader(
-            dataset,
-            batch_size=self.batch_size,
-            sampler=loader_sampler(dataset, self.trainer, shuffle),
-            # The loader draws its worker base seed from this generator instead of the
-            # global RNG, which stays reserved for the training step (see ClassificationModule).
-            generator=torch.Generator(),
-            collate_fn=collate_batch,
-            num_workers=self.num_workers,
-            pin_memory=self.pin_memory,
-            persistent_workers=self.num_workers > 0,
+    def loader(self, split: str, shuffle: bool) -> DataLoader:
+        dataset = self.splits["test" if split == "predict" else split]  # predict runs on the test split
+        return make_loader(
+            dataset, self.trainer, shuffle, self.batch_size, collate_batch, self.num_workers, self.pin_memory
         )
-
-    def train_dataloader(self) -> DataLoader:
-        return self._loader("train", shuffle=True)
-
-    def val_dataloader(self) -> DataLoader:
-        return self._loader("val", shuffle=False)
-
-    def test_dataloader(self) -> DataLoader:
-        return self._loader("test", shuffle=False)
-
-    def predict_dataloader(self) -> DataLoader:
-        return self._loader("test", shuffle=False)
 
     def predict_inputs(self, indices: list[int]) -> list[str]:
         """Names of predicted samples (`predict` runs on the test split), for CSV output."""

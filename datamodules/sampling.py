@@ -1,6 +1,6 @@
-"""Samplers that make runs reproducible, resumable and exact under DDP.
+"""Samplers and loaders that make runs reproducible, resumable and exact under DDP.
 
-Both are `DistributedSampler`s, so Lightning uses them as they are instead of
+The samplers are `DistributedSampler`s, so Lightning uses them as they are instead of
 injecting its own, and calls `set_epoch` on them every epoch.
 """
 
@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import itertools
 import os
-from collections.abc import Iterator, Sized
+from collections.abc import Callable, Iterator, Sized
+from typing import Any
 
+import torch
 from lightning import Trainer
-from torch.utils.data import DistributedSampler
+from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler
 
 
 def _world(trainer: Trainer | None) -> tuple[int, int]:
@@ -73,3 +75,49 @@ def eval_sampler(dataset: Sized, trainer: Trainer | None) -> EvalShardSampler | 
 
 def loader_sampler(dataset: Sized, trainer: Trainer | None, shuffle: bool) -> DistributedSampler | None:
     return epoch_seeded_sampler(dataset, trainer) if shuffle else eval_sampler(dataset, trainer)
+
+
+def make_loader(
+    dataset: Dataset,
+    trainer: Trainer | None,
+    shuffle: bool,
+    batch_size: int,
+    collate_fn: Callable[[Any], Any] | None = None,
+    num_workers: int = 0,
+    pin_memory: bool = False,
+    sampler: Sampler | None = None,
+) -> DataLoader:
+    """A DataLoader with our samplers (or `sampler`) and its own generator.
+
+    The loader draws its worker base seed from that generator instead of the global
+    RNG, which stays reserved for the training step (see callbacks.ExactResume).
+    """
+    return DataLoader(
+        dataset,
+        batch_size=batch_size,
+        sampler=sampler or loader_sampler(dataset, trainer, shuffle),  # type: ignore[arg-type]
+        generator=torch.Generator(),
+        collate_fn=collate_fn,
+        num_workers=num_workers,
+        pin_memory=pin_memory,
+        persistent_workers=num_workers > 0,
+    )
+
+
+class SplitLoaders:
+    """The four `*_dataloader` hooks of a LightningDataModule, from one `loader(split, shuffle)`."""
+
+    def loader(self, split: str, shuffle: bool) -> DataLoader:
+        raise NotImplementedError
+
+    def train_dataloader(self) -> DataLoader:
+        return self.loader("train", shuffle=True)
+
+    def val_dataloader(self) -> DataLoader:
+        return self.loader("val", shuffle=False)
+
+    def test_dataloader(self) -> DataLoader:
+        return self.loader("test", shuffle=False)
+
+    def predict_dataloader(self) -> DataLoader:
+        return self.loader("predict", shuffle=False)

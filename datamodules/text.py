@@ -27,7 +27,7 @@ import torch
 from lightning import LightningDataModule
 from torch.utils.data import DataLoader, Dataset
 
-from datamodules.sampling import EpochSampler, eval_sampler, global_seed
+from datamodules.sampling import EpochSampler, SplitLoaders, global_seed, make_loader
 
 TOKEN_PATTERN = re.compile(r"\w+|[^\w\s]")
 
@@ -156,7 +156,7 @@ class BucketSampler(EpochSampler):
         return self.num_samples
 
 
-class TextClassificationDataModule(LightningDataModule):
+class TextClassificationDataModule(SplitLoaders, LightningDataModule):
     def __init__(
         self,
         train_file: str | None = None,
@@ -263,36 +263,24 @@ class TextClassificationDataModule(LightningDataModule):
             if self.files[split] is not None and split not in self.splits:
                 self.splits[split], _ = self._encode(self.files[split], with_labels=True)
 
-    def _loader(self, split: str) -> DataLoader:
+    def loader(self, split: str, shuffle: bool) -> DataLoader:
         if split not in self.splits:
             raise ValueError(f"No {split} data: set --data.{split}_file.")
         dataset = self.splits[split]
-        sampler = eval_sampler(dataset, self.trainer)
-        if split == "train":
+        bucketing = None
+        if shuffle:
             world_size, rank = (self.trainer.world_size, self.trainer.global_rank) if self.trainer else (1, 0)
             lengths = [len(ids) for ids in dataset.ids]
-            sampler = BucketSampler(lengths, self.batch_size, self.bucket_multiplier, world_size, rank, global_seed())
-        return DataLoader(
+            bucketing = BucketSampler(lengths, self.batch_size, self.bucket_multiplier, world_size, rank, global_seed())
+        return make_loader(
             dataset,
-            batch_size=self.batch_size,
-            sampler=sampler,
-            collate_fn=PadCollate(self.pad_id),
-            generator=torch.Generator(),  # keeps the global RNG for the training step (exact resume)
-            num_workers=self.num_workers,
-            persistent_workers=self.num_workers > 0,
+            self.trainer,
+            shuffle,
+            self.batch_size,
+            PadCollate(self.pad_id),
+            self.num_workers,
+            sampler=bucketing,
         )
-
-    def train_dataloader(self) -> DataLoader:
-        return self._loader("train")
-
-    def val_dataloader(self) -> DataLoader:
-        return self._loader("val")
-
-    def test_dataloader(self) -> DataLoader:
-        return self._loader("test")
-
-    def predict_dataloader(self) -> DataLoader:
-        return self._loader("predict")
 
     def predict_inputs(self, indices: Sequence[int]) -> list[str]:
         """The raw texts behind predicted samples, for writing predictions next to their inputs."""
