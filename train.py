@@ -123,6 +123,7 @@ class TemplateCLI(LightningCLI):
                 f"final/{k}": float(v) for k, v in trainer.callback_metrics.items() if k.startswith(("val_", "test_"))
             }
             trainer.logger.log_hyperparams(self.model.hparams, final)
+            trainer.logger.finalize("success")  # fit already closed the writer; flush this last summary
         print("\n".join(lines), flush=True)
 
 
