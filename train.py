@@ -7,12 +7,15 @@ argument of their `__init__` becomes a flag, documented by `--help`.
 
 from __future__ import annotations
 
+import signal
+import sys
 import zipfile
 from pathlib import Path
 from typing import Any
 
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 import datamodules  # noqa: F401  (registers the datamodules for --data)
 import models  # noqa: F401  (registers the models for --model)
@@ -128,7 +131,10 @@ class TemplateCLI(LightningCLI):
 
 
 def main() -> None:
-    TemplateCLI()
+    try:
+        TemplateCLI()
+    except SIGTERMException:  # stopped by SIGTERM or Ctrl-C after saving last.ckpt: not a success
+        sys.exit(128 + signal.SIGTERM)
 
 
 if __name__ == "__main__":

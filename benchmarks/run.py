@@ -271,7 +271,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/latest.json"))
     parser.add_argument("--batches", type=int, default=150, help="Training batches per timed epoch.")
-    parser.add_argument("--epochs", type=int, default=4, help="Timed epochs per run (the first is warm-up).")
+    parser.add_argument("--epochs", type=int, default=3, help="Timed epochs per run (the first is warm-up).")
     parser.add_argument("--steps", type=int, default=20, help="Timed steps per model-throughput measurement.")
     parser.add_argument("--skip-compile", action="store_true", help="Skip torch.compile (slow to compile on CPU).")
     args = parser.parse_args()
