@@ -112,10 +112,11 @@ def bench_overhead(epochs: int, batches: int, workdir: Path) -> dict[str, Any]:
     datamodule = FashionMNISTDataModule(batch_size=128)
     datamodule.setup("fit")
     bare, fit = [], []
-    for _ in range(2):  # interleaved, so drift of the machine hits both
-        bare += bare_loop_epochs(datamodule, epochs, batches)
-        fit += lightning_fit_epochs(epochs, batches, workdir)
-    (bare_median, bare_spread), (fit_median, fit_spread) = median_after_warmup(bare), median_after_warmup(fit)
+    for _ in range(2):  # interleaved, so drift of the machine hits both; each run's first epoch is warm-up
+        bare += bare_loop_epochs(datamodule, epochs, batches)[1:]
+        fit += lightning_fit_epochs(epochs, batches, workdir)[1:]
+    bare_median, bare_spread = statistics.median(bare), max(bare) - min(bare)
+    fit_median, fit_spread = statistics.median(fit), max(fit) - min(fit)
     return {
         "batches_per_epoch": batches,
         "bare_loop_epoch_s": round(bare_median, 3),
