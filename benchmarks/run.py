@@ -99,7 +99,8 @@ def lightning_fit_epochs(epochs: int, batches: int, workdir: Path) -> list[float
     """`train.py fit --config configs/simple_cnn.yaml`, training only (no validation), timed per epoch."""
     args = [
         "fit", "--config", str(ROOT / "configs/simple_cnn.yaml"), f"--trainer.max_epochs={epochs}",
-        f"--trainer.limit_train_batches={batches}", "--trainer.limit_val_batches=0",
+        f"--trainer.limit_train_batches={batches}", "--trainer.check_val_every_n_epoch=1000",
+        "--trainer.num_sanity_val_steps=0",
         "--trainer.enable_progress_bar=false", "--test_after_fit=false", "--trainer.enable_model_summary=false",
         f"--trainer.logger.init_args.save_dir={workdir}", "--trainer.callbacks+=benchmarks.run.EpochTimer",
         f"--trainer.accelerator={DEVICE.type}", "--trainer.devices=1",
