@@ -8,6 +8,7 @@ augmentation and normalization run in batches on the device the model runs on.
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 import torch
@@ -196,6 +197,12 @@ class InMemoryImageDataModule(SplitLoaders, LightningDataModule):
         return self.normalize(images), labels
 
     def normalize(self, images: torch.Tensor) -> torch.Tensor:
-        mean = torch.tensor(self.mean, device=images.device).view(1, -1, 1, 1)
-        std = torch.tensor(self.std, device=images.device).view(1, -1, 1, 1)
-        return (images.float() / 255.0 - mean) / std
+        """uint8 -> float, (x / 255 - mean) / std per channel, as one multiply-add."""
+        scale, shift = self._affine(images.device)
+        return torch.addcmul(shift, images.float(), scale)
+
+    @functools.cache  # noqa: B019  (one entry per device; the datamodule lives as long as the run)
+    def _affine(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        # Built once per device: creating them per batch would copy to the GPU every step.
+        mean, std = torch.tensor(self.mean).view(1, -1, 1, 1), torch.tensor(self.std).view(1, -1, 1, 1)
+        return (1 / (255.0 * std)).to(device), (-mean / std).to(device)
