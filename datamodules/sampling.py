@@ -16,7 +16,8 @@ from lightning import Trainer
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler
 
 
-def _world(trainer: Trainer | None) -> tuple[int, int]:
+def world(trainer: Trainer | None) -> tuple[int, int]:
+    """(world size, rank) of the run, (1, 0) outside a Trainer."""
     return (trainer.world_size, trainer.global_rank) if trainer is not None else (1, 0)
 
 
@@ -48,7 +49,7 @@ class EpochSampler(DistributedSampler):
 
 
 def epoch_seeded_sampler(dataset: Sized, trainer: Trainer | None) -> EpochSampler:
-    world_size, rank = _world(trainer)
+    world_size, rank = world(trainer)
     return EpochSampler(dataset, num_replicas=world_size, rank=rank, shuffle=True, seed=global_seed())  # type: ignore[arg-type]
 
 
@@ -69,7 +70,7 @@ class EvalShardSampler(DistributedSampler):
 
 
 def eval_sampler(dataset: Sized, trainer: Trainer | None) -> EvalShardSampler | None:
-    world_size, rank = _world(trainer)
+    world_size, rank = world(trainer)
     return EvalShardSampler(dataset, world_size, rank) if world_size > 1 else None
 
 

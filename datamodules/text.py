@@ -27,7 +27,7 @@ import torch
 from lightning import LightningDataModule
 from torch.utils.data import DataLoader, Dataset
 
-from datamodules.sampling import EpochSampler, SplitLoaders, global_seed, make_loader
+from datamodules.sampling import EpochSampler, SplitLoaders, global_seed, make_loader, world
 
 TOKEN_PATTERN = re.compile(r"\w+|[^\w\s]")
 
@@ -269,7 +269,7 @@ class TextClassificationDataModule(SplitLoaders, LightningDataModule):
         dataset = self.splits[split]
         bucketing = None
         if shuffle:
-            world_size, rank = (self.trainer.world_size, self.trainer.global_rank) if self.trainer else (1, 0)
+            world_size, rank = world(self.trainer)
             lengths = [len(ids) for ids in dataset.ids]
             bucketing = BucketSampler(lengths, self.batch_size, self.bucket_multiplier, world_size, rank, global_seed())
         return make_loader(
