@@ -3,6 +3,11 @@
 Every LightningModule in `models/` and LightningDataModule in `datamodules/` can be
 chosen by class name (`--model SimpleCNN --data FashionMNISTDataModule`); every
 argument of their `__init__` becomes a flag, documented by `--help`.
+
+`configs/defaults.yaml` is read first, by every command: the logger, the best-epoch
+checkpoint and early stopping are defined there once, so a job config holds only its
+model, its data and what differs. What exact resume depends on is not configuration:
+this CLI installs it in every run (`installed_callbacks`).
 """
 
 from __future__ import annotations
@@ -13,13 +18,40 @@ import zipfile
 from pathlib import Path
 from typing import Any
 
+from lightning.pytorch.callbacks import EarlyStopping, LearningRateMonitor, ModelCheckpoint
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
+from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 import datamodules  # noqa: F401  (registers the datamodules for --data)
 import models  # noqa: F401  (registers the models for --model)
-from callbacks import AugmentedBatchImages, ConfusionMatrixImage, ExactResume, FiniteLossGuard
+from callbacks import (
+    AugmentedBatchImages,
+    ConfusionMatrixImage,
+    CSVPredictionWriter,
+    ExactResume,
+    FiniteLossGuard,
+    ResumeCheckpoint,
+)
+from datamodules.contract import CHECKPOINT_STATE_ARG, MODEL_LINKS
+from models.schedule import check_run_length
+
+ROOT = Path(__file__).resolve().parent
+DEFAULTS = ROOT / "configs" / "defaults.yaml"
+SUBCOMMANDS = ("fit", "validate", "test", "predict")
+
+
+def installed_callbacks() -> list[Any]:
+    """In every run: exact resume with its last.ckpt, a stop at NaN, learning rates and images in the logs."""
+    return [
+        ExactResume(),
+        ResumeCheckpoint(),
+        FiniteLossGuard(),
+        LearningRateMonitor(logging_interval="step"),
+        AugmentedBatchImages(),
+        ConfusionMatrixImage(),
+    ]
 
 
 def _check_checkpoint_file(path: Path) -> None:
@@ -35,25 +67,39 @@ def _check_checkpoint_file(path: Path) -> None:
         )
 
 
+def run_name(config: Any) -> str:
+    """The job config's file name (`configs/simple_cnn.yaml` -> `simple_cnn`), presets aside."""
+    jobs = [Path(str(p)) for p in config.get("config") or [] if Path(str(p)).parent.name != "presets"]
+    if jobs:
+        return jobs[0].stem
+    model = config.get("model")
+    return str(getattr(model, "class_path", "run")).rpartition(".")[2].lower()
+
+
 class TemplateCLI(LightningCLI):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
-        # Every run gets exact resume (and a graceful Ctrl-C), a stop at NaN loss, and the
-        # augmented-batch and confusion-matrix images in TensorBoard, on top of its config's callbacks.
-        default_callbacks = [ExactResume(), FiniteLossGuard(), AugmentedBatchImages(), ConfusionMatrixImage()]
-        kwargs.setdefault("trainer_defaults", {"callbacks": default_callbacks})
+        defaults = {"default_config_files": [str(DEFAULTS)]}
+        parser_kwargs = kwargs.setdefault("parser_kwargs", {})
+        if kwargs.get("run", True):
+            for subcommand in SUBCOMMANDS:
+                parser_kwargs.setdefault(subcommand, defaults)
+        else:
+            parser_kwargs.update({**defaults, **parser_kwargs})
+        kwargs.setdefault("trainer_defaults", {"callbacks": installed_callbacks()})
         kwargs.setdefault("seed_everything_default", 42)
         kwargs.setdefault("save_config_kwargs", {"overwrite": True})  # a rerun in the same folder may rewrite it
-        # The model builds its optimizer (named param groups for fine-tuning): no --optimizer flag.
+        # The model builds its optimizer (`--model.optimizer`, named param groups): no top-level --optimizer.
         kwargs.setdefault("auto_configure_optimizers", False)
         super().__init__(*args, **kwargs)
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
-        # Facts about the data are given once, by the datamodule, never typed twice.
-        parser.link_arguments("data.num_classes", "model.init_args.num_classes", apply_on="instantiate")
-        parser.link_arguments("data.input_shape", "model.init_args.input_shape", apply_on="instantiate")
-        # Links whose source or target a class lacks are skipped (image data has no vocabulary).
-        for name in ("vocab_size", "pad_id", "max_length"):
+        # Facts about the data are given once, by the datamodule (datamodules/contract.py). Links
+        # whose source or target a class lacks are skipped (image data has no vocabulary).
+        for name in MODEL_LINKS:
             parser.link_arguments(f"data.{name}", f"model.init_args.{name}", apply_on="instantiate")
+        parser.add_lightning_class_args(ModelCheckpoint, "checkpoint")  # the best epoch; see configs/defaults.yaml
+        parser.add_lightning_class_args(EarlyStopping, "early_stopping")
+        parser.add_lightning_class_args(CSVPredictionWriter, "predictions")
         parser.add_argument(
             "--test_after_fit",
             type=bool,
@@ -66,6 +112,14 @@ class TemplateCLI(LightningCLI):
         # Before LightningCLI reads the checkpoint's hyperparameters (right after parsing).
         subcommand = self.config.get("subcommand")
         config = self.config[subcommand] if subcommand else self.config
+        logger_args = getattr(config.trainer.get("logger"), "init_args", None)
+        if logger_args is not None and "name" in logger_args and not logger_args.get("name"):
+            logger_args.name = run_name(config)
+        model_args = getattr(config.get("model"), "init_args", None)
+        if model_args is not None and "schedule" in model_args:
+            trainer = config.trainer
+            max_epochs = trainer.get("max_epochs")
+            check_run_length(model_args.schedule, -1 if max_epochs is None else max_epochs, trainer.get("max_steps"))
         if config.get("ckpt_path") == "last":
             self._resolve_last_checkpoint(config, subcommand)
         checkpoint = config.get("ckpt_path")
@@ -74,9 +128,9 @@ class TemplateCLI(LightningCLI):
         if checkpoint not in {"best", "last", "hpc"}:
             _check_checkpoint_file(Path(checkpoint))
         data_args = getattr(config.get("data"), "init_args", None)
-        if data_args is not None and "vocab_from_checkpoint" in data_args:
-            # The vocabulary the checkpoint was trained with, not one rebuilt from today's files.
-            data_args.vocab_from_checkpoint = data_args.vocab_from_checkpoint or checkpoint
+        if data_args is not None and CHECKPOINT_STATE_ARG in data_args:
+            # What the checkpoint was trained with (a vocabulary), not one rebuilt from today's files.
+            data_args[CHECKPOINT_STATE_ARG] = data_args[CHECKPOINT_STATE_ARG] or checkpoint
 
     @staticmethod
     def _resolve_last_checkpoint(config: Any, subcommand: str | None) -> None:
@@ -99,34 +153,47 @@ class TemplateCLI(LightningCLI):
             config.ckpt_path = None
             return
         config.ckpt_path = str(candidates[-1])
-        if subcommand == "fit":
+        if subcommand == "fit" and "version" in init_args:
             init_args.version = candidates[-1].parent.parent.name
         rank_zero_info(f"Resuming from {config.ckpt_path}")
 
+    def before_fit(self) -> None:
+        # Fix the run's version folder now: a spawning launcher (ddp_spawn) would otherwise let each
+        # launch pick the next free one, and `test_after_fit` would open a second run folder.
+        if self.trainer.is_global_zero:
+            for logger in self.trainer.loggers:
+                _ = logger.version
+
     def after_fit(self) -> None:
         trainer = self.trainer
+        # Read before testing: loading the best checkpoint restores the callbacks' states of that epoch.
+        lines = []
+        best = next((c for c in trainer.checkpoint_callbacks if c.monitor and c.best_model_path), None)
+        if best is not None:
+            score = "" if best.best_model_score is None else f" ({best.monitor}={float(best.best_model_score):.4f})"
+            lines.append(f"best checkpoint: {best.best_model_path}{score}")
+        last = next((c.best_model_path for c in trainer.checkpoint_callbacks if isinstance(c, ResumeCheckpoint)), "")
+        if last:
+            lines.append(f"last checkpoint: {last}")
         if self.config.fit.test_after_fit:
-            best = next((c.best_model_path for c in trainer.checkpoint_callbacks if c.monitor), None)
-            trainer.test(self.model, datamodule=self.datamodule, ckpt_path=best or None)
+            trainer.test(self.model, datamodule=self.datamodule, ckpt_path=best.best_model_path if best else None)
         if not trainer.is_global_zero:
             return
-        lines = []
-        for callback in trainer.checkpoint_callbacks:
-            if callback.monitor and callback.best_model_path:
-                score = f" ({callback.monitor}={callback.best_model_score:.4f})"
-                lines.append(f"best checkpoint: {callback.best_model_path}{score}")
-            elif callback.best_model_path:
-                lines.append(f"last checkpoint: {callback.best_model_path}")
-        if trainer.logger is not None and trainer.logger.log_dir:
-            lines.append(f"TensorBoard logs: tensorboard --logdir {trainer.logger.log_dir}")
+        logger = trainer.logger
+        if logger is not None and logger.log_dir:
+            if isinstance(logger, TensorBoardLogger):
+                lines.append(f"TensorBoard logs: tensorboard --logdir {logger.log_dir}")
+            else:
+                lines.append(f"logs ({type(logger).__name__}): {logger.log_dir}")
         if "test_acc" in trainer.callback_metrics:
             lines.append(f"test accuracy: {trainer.callback_metrics['test_acc']:.4f}")
-        if trainer.logger is not None:  # the HPARAMS tab: this run's settings next to its results
-            final = {
-                f"final/{k}": float(v) for k, v in trainer.callback_metrics.items() if k.startswith(("val_", "test_"))
-            }
-            trainer.logger.log_hyperparams(self.model.hparams, final)
-            trainer.logger.finalize("success")  # fit already closed the writer; flush this last summary
+        final = {f"final/{k}": float(v) for k, v in trainer.callback_metrics.items() if k.startswith(("val_", "test_"))}
+        if isinstance(logger, TensorBoardLogger):  # the HPARAMS tab: this run's settings next to its results
+            logger.log_hyperparams(self.model.hparams, final)
+            logger.finalize("success")  # fit already closed the writer; flush this last summary
+        elif logger is not None and final:
+            logger.log_metrics(final, step=trainer.global_step)
+            logger.finalize("success")
         print("\n".join(lines), flush=True)
 
 

@@ -1,11 +1,13 @@
 """Callbacks of this template, selectable in a config as `class_path: callbacks.<Name>`.
-Lightning's own (ModelCheckpoint, EarlyStopping, LearningRateMonitor) are wired in `configs/`;
-`ExactResume`, `FiniteLossGuard`, `AugmentedBatchImages` and `ConfusionMatrixImage` are added
-to every run by train.py."""
 
-from callbacks.exact_resume import ExactResume
+train.py installs `ExactResume`, `ResumeCheckpoint`, `FiniteLossGuard`, `AugmentedBatchImages`,
+`ConfusionMatrixImage` and `CSVPredictionWriter` in every run, next to Lightning's best-epoch
+`ModelCheckpoint`, `EarlyStopping` and `LearningRateMonitor`."""
+
+from callbacks.exact_resume import ExactResume, ResumeCheckpoint
 from callbacks.finetuning import TwoStageFinetuning
 from callbacks.finite_loss import FiniteLossGuard, NonFiniteLossError
+from callbacks.lr_finder import LRFinder
 from callbacks.prediction_writer import CSVPredictionWriter
 from callbacks.visual import AugmentedBatchImages, ConfusionMatrixImage, WeightHistograms
 
@@ -15,7 +17,9 @@ __all__ = [
     "ConfusionMatrixImage",
     "ExactResume",
     "FiniteLossGuard",
+    "LRFinder",
     "NonFiniteLossError",
+    "ResumeCheckpoint",
     "TwoStageFinetuning",
     "WeightHistograms",
 ]

@@ -1,16 +1,20 @@
-"""Two-stage fine-tuning: train the new head on a frozen backbone, then unfreeze the backbone.
+"""Two-stage fine-tuning: train the classifier on a frozen network, then unfreeze the rest.
+
+Works with any model of this template: it freezes everything but the network's
+`get_classifier()` (the seam of `models.seam.ClassifierNet`), so a ResNet from ImageNet
+weights, a ViT or a SimpleCNN from an earlier run's checkpoint are fine-tuned the same way.
+Stage 1 only makes sense on trained features: a model without `--model.weights` is refused.
 
 Written for the failure modes of Lightning's `BackboneFinetuning`:
 - the stage is part of the checkpoint, and resuming in stage 2 restores the same
   trainable set, param groups, learning rates and optimizer state;
 - under DDP the backbone was frozen when the model was wrapped, so DDP does not
-  all-reduce its gradients; this callback averages them across ranks itself, so the
-  replicas cannot drift apart;
-- the backbone gets its own named param group that the model's schedule follows
-  (TensorBoard shows `lr-<Optimizer>/head` and `lr-<Optimizer>/backbone`);
+  all-reduce its gradients; this callback averages them across ranks itself, right
+  after the backward pass of the last micro-batch of a step: before fp16 loss scaling
+  looks for overflows, so every rank skips (or takes) the same steps;
+- the backbone gets its own named param groups (decay / no decay) that the model's
+  schedule follows (TensorBoard shows `lr-<Optimizer>/head` and `lr-<Optimizer>/backbone`);
 - "frozen" includes BatchNorm: its running statistics stay fixed unless `train_bn`.
-
-The model must expose `backbone` and `head` modules (see `models/resnet.py`).
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ from lightning.pytorch.utilities import rank_zero_info
 from torch import nn
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
-from models.schedule import WarmupSchedule
+from models.schedule import WarmupSchedule, steps_per_epoch
 
 
 class TwoStageFinetuning(Callback):
@@ -79,22 +83,33 @@ class TwoStageFinetuning(Callback):
             setattr(self, key, value)
 
     @staticmethod
-    def _seam(pl_module: LightningModule) -> tuple[nn.Module, nn.Module]:
-        backbone, head = getattr(pl_module, "backbone", None), getattr(pl_module, "head", None)
-        if not isinstance(backbone, nn.Module) or not isinstance(head, nn.Module):
+    def _backbone(pl_module: LightningModule) -> list[nn.Parameter]:
+        """Every parameter of the network but its classifier."""
+        net = getattr(pl_module, "net", None)
+        if not callable(getattr(net, "get_classifier", None)) or not callable(
+            getattr(pl_module, "parameter_groups", None)
+        ):
             raise TypeError(
-                f"TwoStageFinetuning needs a model with `backbone` and `head` modules (see models/resnet.py);"
-                f" {type(pl_module).__name__} has none."
+                f"TwoStageFinetuning needs a ClassificationModule whose `net` has the classifier seam"
+                f" (models/seam.py: get_classifier); {type(pl_module).__name__} has none."
             )
-        return backbone, head
+        classifier = {id(p) for p in net.get_classifier().parameters()}
+        return [p for p in net.parameters() if id(p) not in classifier]
 
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         if stage != "fit":
             return
-        backbone, _ = self._seam(pl_module)
+        backbone = self._backbone(pl_module)
+        if pl_module.hparams.get("weights") is None:
+            raise ValueError(
+                "TwoStageFinetuning: the model starts from random weights (--model.weights is null), so stage 1"
+                " would train a classifier on random features. Give --model.weights (a torchvision weights name for"
+                " ResNet, or a .pth/.ckpt file), or remove the callback to train from scratch."
+            )
         # Frozen before DDP wraps the model (also on resume, which restores the stage
         # later): DDP then never reduces backbone gradients, and we do it ourselves.
-        backbone.requires_grad_(False)
+        for parameter in backbone:
+            parameter.requires_grad_(False)
 
     def on_fit_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         if len(trainer.optimizers) != 1:
@@ -108,7 +123,7 @@ class TwoStageFinetuning(Callback):
         if not any(group.get("name") == "head" for group in trainer.optimizers[0].param_groups):
             raise ValueError(
                 "TwoStageFinetuning: the optimizer has no param group named 'head'. Let the model build the optimizer"
-                " (`ClassificationModule.configure_optimizers`) rather than an optimizer given on the command line."
+                " from `parameter_groups` (ClassificationModule.configure_optimizers)."
             )
         if self.unfrozen:  # resumed in stage 2: same trainable set and groups, before the optimizer state loads
             self._unfreeze(trainer, pl_module)
@@ -129,16 +144,17 @@ class TwoStageFinetuning(Callback):
     def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int) -> None:
         # Lightning switches the whole model to train mode every epoch; frozen BatchNorm stays in eval.
         if not self.unfrozen and not self.train_bn:
-            backbone, _ = self._seam(pl_module)
-            for module in backbone.modules():
+            for module in pl_module.net.modules():
                 if isinstance(module, nn.modules.batchnorm._BatchNorm):
                     module.eval()
 
-    def on_before_optimizer_step(self, trainer: Trainer, pl_module: LightningModule, optimizer: Any) -> None:
+    def on_after_backward(self, trainer: Trainer, pl_module: LightningModule) -> None:
         if not self.unfrozen or trainer.world_size == 1:
             return
-        backbone, _ = self._seam(pl_module)
-        grads = [p.grad for p in backbone.parameters() if p.grad is not None]
+        started = trainer.fit_loop.epoch_loop.batch_progress.current.started
+        if started % trainer.accumulate_grad_batches and started < trainer.num_training_batches:
+            return  # a micro-batch inside an accumulation window: DDP does not reduce yet either
+        grads = [p.grad for p in self._backbone(pl_module) if p.grad is not None]
         if grads:  # one all-reduce for the whole backbone
             averaged = trainer.strategy.reduce(_flatten_dense_tensors(grads), reduce_op="mean")
             for grad, synced in zip(grads, _unflatten_dense_tensors(averaged, grads), strict=True):
@@ -164,19 +180,17 @@ class TwoStageFinetuning(Callback):
         return configs[0].scheduler if configs else None
 
     def _unfreeze(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        backbone, _ = self._seam(pl_module)
-        backbone.requires_grad_(True)
-        backbone.train()
+        for parameter in self._backbone(pl_module):
+            parameter.requires_grad_(True)
+        pl_module.net.train()
         self.unfrozen = True
         optimizer = trainer.optimizers[0]
-        head_group = next(group for group in optimizer.param_groups if group.get("name") == "head")
-        lr = head_group.get("initial_lr", head_group["lr"]) * self.backbone_lr_ratio
-        group: dict[str, Any] = {"params": list(backbone.parameters()), "name": "backbone", "lr": lr, "initial_lr": lr}
+        head = next(group for group in optimizer.param_groups if group.get("name") == "head")
+        peak_lr = head.get("initial_lr", head["lr"]) * self.backbone_lr_ratio
         scheduler = self._scheduler(trainer)
-        if scheduler is not None and self.backbone_warmup_epochs > 0:
-            steps_per_epoch = max(trainer.num_training_batches // trainer.accumulate_grad_batches, 1)
-            group["ramp_start"] = scheduler.last_epoch
-            group["ramp_steps"] = round(self.backbone_warmup_epochs * steps_per_epoch)
-        optimizer.add_param_group(group)
-        if scheduler is not None:
-            scheduler.apply()
+        for group in pl_module.parameter_groups("backbone"):
+            if scheduler is None:
+                optimizer.add_param_group({**group, "lr": peak_lr})
+            else:
+                warmup_steps = round(self.backbone_warmup_epochs * steps_per_epoch(trainer))
+                scheduler.add_param_group(group, peak_lr, warmup_steps)

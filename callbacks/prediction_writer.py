@@ -10,6 +10,8 @@ import torch
 from lightning import LightningModule, Trainer
 from lightning.pytorch.callbacks import BasePredictionWriter
 
+from datamodules.contract import ClassificationData
+
 
 class CSVPredictionWriter(BasePredictionWriter):
     def __init__(self, output_file: str = "predictions.csv") -> None:
@@ -24,9 +26,10 @@ class CSVPredictionWriter(BasePredictionWriter):
 
     def on_predict_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         datamodule = trainer.datamodule
-        if not hasattr(datamodule, "class_names") or not hasattr(datamodule, "predict_inputs"):
+        if not isinstance(datamodule, ClassificationData):
             raise TypeError(
-                f"CSVPredictionWriter needs a datamodule with class_names and predict_inputs(), got {datamodule}."
+                "CSVPredictionWriter needs a datamodule with the datamodules.contract.ClassificationData interface"
+                f" (num_classes, class_names, predict_inputs()); got {type(datamodule).__name__}."
             )
         path = self.output_file
         if trainer.world_size > 1:

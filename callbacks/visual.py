@@ -66,7 +66,12 @@ class ConfusionMatrixImage(Callback):
     def on_validation_batch_end(
         self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int, dataloader_idx=0
     ) -> None:
-        if isinstance(outputs, dict) and self.matrix is not None:
+        if not (isinstance(outputs, dict) and {"logits", "targets"} <= outputs.keys()):
+            raise TypeError(
+                "ConfusionMatrixImage needs validation_step to return models.base.EvalOutput"
+                f" ({{'logits', 'targets'}}); {type(pl_module).__name__} returned {type(outputs).__name__}."
+            )
+        if self.matrix is not None:
             self.matrix.update(outputs["logits"], outputs["targets"])
 
     def on_validation_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:

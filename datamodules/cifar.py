@@ -47,15 +47,20 @@ class CIFAR10DataModule(InMemoryImageDataModule):
     std = (0.2470, 0.2435, 0.2616)
     all_class_names = ("airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck")
 
-    def __init__(self, data_dir: str = "data", augment: bool = True, crop_padding: int = 4, **kwargs) -> None:
+    def __init__(
+        self, data_dir: str = "data", augment: bool = True, crop_padding: int = 4, horizontal_flip: bool = True, **kwargs
+    ) -> None:
         """
         Args:
             data_dir: Folder holding (or receiving) `cifar-10-batches-py/`.
             augment: Random translation by up to `crop_padding` pixels and horizontal flips while training.
             crop_padding: Maximum translation in pixels.
+            horizontal_flip: Also flip training images left-right when `augment` is on.
             **kwargs: Batch size, split and loader settings of `InMemoryImageDataModule`.
         """
-        super().__init__(data_dir=data_dir, augment=augment, crop_padding=crop_padding, **kwargs)
+        super().__init__(
+            data_dir=data_dir, augment=augment, crop_padding=crop_padding, horizontal_flip=horizontal_flip, **kwargs
+        )
 
     @property
     def local_dir(self) -> Path:

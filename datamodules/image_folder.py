@@ -25,7 +25,7 @@ from torchvision.datasets import ImageFolder
 from torchvision.datasets.folder import IMG_EXTENSIONS
 from torchvision.transforms import v2
 
-from datamodules.sampling import SplitLoaders, make_loader
+from datamodules.sampling import SplitLoaders, make_loader, seeded_sample
 
 log = logging.getLogger(__name__)
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
@@ -70,9 +70,9 @@ class ClassFolderDataset(ImageFolder):
             raise ValueError(f"{directory}: class folders {unknown} do not exist in the train split.")
         return self.fixed_classes, {name: i for i, name in enumerate(self.fixed_classes)}
 
-    def __getitem__(self, index: int) -> tuple[torch.Tensor, int] | None:
+    def __getitem__(self, index: int | tuple[int, int]) -> tuple[torch.Tensor, int] | None:
         try:
-            return super().__getitem__(index)
+            return seeded_sample(super().__getitem__, index)  # random crops depend on (seed, epoch, sample)
         except CorruptImageError as err:
             if self.on_corrupt == "error":
                 raise
@@ -185,7 +185,7 @@ class ImageFolderDataModule(SplitLoaders, LightningDataModule):
             raise FileNotFoundError(f"{self.root / split} not found; it is needed for this stage.")
         return make_loader(
             self.splits[split], self.trainer, shuffle, self.batch_size, collate_skipping_none, self.num_workers,
-            self.pin_memory,
+            self.pin_memory, sample_seeds=True,
         )  # fmt: skip
 
     def predict_inputs(self, indices: list[int]) -> list[str]:

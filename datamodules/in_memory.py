@@ -8,7 +8,6 @@ augmentation and normalization run in batches on the device the model runs on.
 
 from __future__ import annotations
 
-import functools
 from pathlib import Path
 
 import torch
@@ -76,7 +75,7 @@ class InMemoryImageDataModule(SplitLoaders, LightningDataModule):
         split_seed: int = 1234,
         augment: bool = False,
         crop_padding: int = 2,
-        horizontal_flip: bool = True,
+        horizontal_flip: bool = False,
         classes: list[int] | None = None,
         train_samples_per_class: int | None = None,
         num_workers: int = 0,
@@ -90,7 +89,7 @@ class InMemoryImageDataModule(SplitLoaders, LightningDataModule):
             split_seed: Seed of the train/validation split; fixed so every run validates on the same images.
             augment: Random translation (and flip) of training batches, applied on the device.
             crop_padding: Maximum translation in pixels when `augment` is on.
-            horizontal_flip: Also flip training images left-right when `augment` is on.
+            horizontal_flip: Also flip training images left-right when `augment` is on (not for digits or text).
             classes: Keep only these class ids (relabelled 0..k-1 in this order), e.g. [5, 6, 7, 8, 9].
             train_samples_per_class: Keep only this many training images per class (a fixed,
                 seeded choice), to study learning from a small labelled set.
@@ -117,6 +116,7 @@ class InMemoryImageDataModule(SplitLoaders, LightningDataModule):
         self.num_workers = num_workers
         self.pin_memory = pin_memory
         self.splits: dict[str, TensorPairDataset] = {}
+        self._affine_cache: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
 
     @property
     def class_names(self) -> tuple[str, ...]:
@@ -201,8 +201,10 @@ class InMemoryImageDataModule(SplitLoaders, LightningDataModule):
         scale, shift = self._affine(images.device)
         return torch.addcmul(shift, images.float(), scale)
 
-    @functools.cache  # noqa: B019  (one entry per device; the datamodule lives as long as the run)
     def _affine(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-        # Built once per device: creating them per batch would copy to the GPU every step.
-        mean, std = torch.tensor(self.mean).view(1, -1, 1, 1), torch.tensor(self.std).view(1, -1, 1, 1)
-        return (1 / (255.0 * std)).to(device), (-mean / std).to(device)
+        # Built once per device: creating them per batch would copy to the GPU every step. Kept on
+        # the instance (not in a functools.cache, which would keep every datamodule alive).
+        if device not in self._affine_cache:
+            mean, std = torch.tensor(self.mean).view(1, -1, 1, 1), torch.tensor(self.std).view(1, -1, 1, 1)
+            self._affine_cache[device] = (1 / (255.0 * std)).to(device), (-mean / std).to(device)
+        return self._affine_cache[device]

@@ -11,6 +11,7 @@ Where the files come from, in order:
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import torchvision
 
@@ -52,6 +53,14 @@ class MNISTDataModule(InMemoryImageDataModule):
 
 class FashionMNISTDataModule(MNISTDataModule):
     """Zalando's Fashion-MNIST: a harder drop-in for MNIST (clothing, 10 classes)."""
+
+    def __init__(self, horizontal_flip: bool = True, **kwargs: Any) -> None:
+        """
+        Args:
+            horizontal_flip: Also flip training images left-right when `augment` is on (clothes are symmetric).
+            **kwargs: Batch size, split, augmentation and loader settings of `InMemoryImageDataModule`.
+        """
+        super().__init__(horizontal_flip=horizontal_flip, **kwargs)
 
     torchvision_dataset = torchvision.datasets.FashionMNIST
     system_dirs = ("/usr/share/datasets/fashion-mnist",)

@@ -1,19 +1,22 @@
 """Samplers and loaders that make runs reproducible, resumable and exact under DDP.
 
 The samplers are `DistributedSampler`s, so Lightning uses them as they are instead of
-injecting its own, and calls `set_epoch` on them every epoch.
+injecting its own.
 """
 
 from __future__ import annotations
 
-import itertools
+import hashlib
 import os
 from collections.abc import Callable, Iterator, Sized
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 from lightning import Trainer
+from lightning.pytorch.trainer.states import TrainerFn
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler
+
+T = TypeVar("T")
 
 
 def world(trainer: Trainer | None) -> tuple[int, int]:
@@ -26,31 +29,67 @@ def global_seed() -> int:
     return int(os.environ.get("PL_GLOBAL_SEED", 0))
 
 
-class EpochSampler(DistributedSampler):
-    """A shuffle whose order is a function of (global seed, epoch) alone, resumable mid-epoch.
+def derive_seed(*parts: int) -> int:
+    """A seed for (seed, epoch, rank, sample, ...): independent streams, the same on every machine."""
+    digest = hashlib.blake2b(repr(parts).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") >> 1
 
-    The order does not depend on how many random numbers were drawn before, so a
-    resumed run sees the same batches as an uninterrupted one. Under DDP each rank
-    gets its own shard of the same permutation.
+
+def seeded_sample(get_item: Callable[[int], T], index: int | tuple[int, int]) -> T:
+    """`get_item(index)`, with torch's generator seeded by the sample's own seed if the sampler gave one.
+
+    Random transforms in DataLoader workers then depend on (seed, epoch, sample) alone: not on
+    the number of workers, on which worker got the sample, or on where a resumed run restarted.
+    """
+    if not isinstance(index, tuple):
+        return get_item(index)
+    sample, seed = index
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return get_item(sample)
+
+
+class EpochSampler(DistributedSampler):
+    """A shuffle whose order is a function of (seed, epoch) alone, resumable in the middle of an epoch.
+
+    The epoch and the batches already trained in it are read from the Trainer's fit loop when
+    iteration starts, not from `set_epoch`: Lightning restores its loop from the checkpoint
+    before it draws the first index, while it calls `set_epoch` only after the DataLoader's
+    workers have prefetched (Lightning #21938). A resumed run thus skips exactly the batches
+    it already trained, in the right epoch. Under DDP each rank gets its own shard of the
+    same permutation.
     """
 
-    _skip = 0
+    def __init__(
+        self,
+        dataset: Sized,
+        batch_size: int,
+        trainer: Trainer | None = None,
+        seed: int = 0,
+        sample_seeds: bool = False,
+    ) -> None:
+        world_size, rank = world(trainer)
+        super().__init__(dataset, num_replicas=world_size, rank=rank, shuffle=True, seed=seed)  # type: ignore[arg-type]
+        self.batch_size, self.trainer, self.sample_seeds = batch_size, trainer, sample_seeds
 
-    def skip_next(self, samples: int) -> None:
-        """Drop the first `samples` indices of the next pass (the batches a stopped run already did)."""
-        self._skip = samples
+    def position(self) -> tuple[int, int]:
+        """(epoch, batches of it already trained)."""
+        trainer = self.trainer
+        if trainer is None or trainer.state.fn != TrainerFn.FITTING:
+            return self.epoch, 0
+        loop = trainer.fit_loop
+        return loop.epoch_progress.current.processed, loop.epoch_loop.batch_progress.current.processed
 
-    def epoch_indices(self) -> Iterator[int]:
-        return super().__iter__()
+    def epoch_indices(self, epoch: int) -> list[int]:
+        self.set_epoch(epoch)
+        return list(super().__iter__())
 
-    def __iter__(self) -> Iterator[int]:
-        skip, self._skip = self._skip, 0
-        return itertools.islice(self.epoch_indices(), skip, None)
-
-
-def epoch_seeded_sampler(dataset: Sized, trainer: Trainer | None) -> EpochSampler:
-    world_size, rank = world(trainer)
-    return EpochSampler(dataset, num_replicas=world_size, rank=rank, shuffle=True, seed=global_seed())  # type: ignore[arg-type]
+    def __iter__(self) -> Iterator[Any]:
+        epoch, batches_done = self.position()
+        indices = self.epoch_indices(epoch)[batches_done * self.batch_size :]
+        if self.sample_seeds:
+            return iter([(i, derive_seed(self.seed, epoch, i)) for i in indices])
+        return iter(indices)
 
 
 class EvalShardSampler(DistributedSampler):
@@ -69,15 +108,6 @@ class EvalShardSampler(DistributedSampler):
         return iter(range(self.rank, len(self.dataset), self.num_replicas))  # type: ignore[arg-type]
 
 
-def eval_sampler(dataset: Sized, trainer: Trainer | None) -> EvalShardSampler | None:
-    world_size, rank = world(trainer)
-    return EvalShardSampler(dataset, world_size, rank) if world_size > 1 else None
-
-
-def loader_sampler(dataset: Sized, trainer: Trainer | None, shuffle: bool) -> DistributedSampler | None:
-    return epoch_seeded_sampler(dataset, trainer) if shuffle else eval_sampler(dataset, trainer)
-
-
 def make_loader(
     dataset: Dataset,
     trainer: Trainer | None,
@@ -87,17 +117,24 @@ def make_loader(
     num_workers: int = 0,
     pin_memory: bool = False,
     sampler: Sampler | None = None,
+    sample_seeds: bool = False,
 ) -> DataLoader:
-    """A DataLoader with our samplers (or `sampler`) and its own generator.
+    """A DataLoader with our samplers (or `sampler`): `EpochSampler` to train, `EvalShardSampler` under DDP.
 
-    The loader draws its worker base seed from that generator instead of the global
-    RNG, which stays reserved for the training step (see callbacks.ExactResume).
+    `sample_seeds`: the training sampler hands each sample its own seed (see `seeded_sample`),
+    for datasets that augment in workers. The loader's worker seeds come from its own seeded
+    generator, never from the global one that `callbacks.ExactResume` reserves for the step.
     """
+    world_size, rank = world(trainer)
+    if sampler is None and shuffle:
+        sampler = EpochSampler(dataset, batch_size, trainer, global_seed(), sample_seeds)  # type: ignore[arg-type]
+    elif sampler is None and world_size > 1:
+        sampler = EvalShardSampler(dataset, world_size, rank)  # type: ignore[arg-type]
     return DataLoader(
         dataset,
         batch_size=batch_size,
-        sampler=sampler or loader_sampler(dataset, trainer, shuffle),  # type: ignore[arg-type]
-        generator=torch.Generator(),
+        sampler=sampler,
+        generator=torch.Generator().manual_seed(derive_seed(global_seed(), rank)),
         collate_fn=collate_fn,
         num_workers=num_workers,
         pin_memory=pin_memory,

@@ -24,10 +24,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from lightning import LightningDataModule
+from lightning import LightningDataModule, Trainer
 from torch.utils.data import DataLoader, Dataset
 
-from datamodules.sampling import EpochSampler, SplitLoaders, global_seed, make_loader, world
+from datamodules.sampling import EpochSampler, SplitLoaders, global_seed, make_loader
 
 TOKEN_PATTERN = re.compile(r"\w+|[^\w\s]")
 
@@ -125,32 +125,36 @@ class BucketSampler(EpochSampler):
 
     Consecutive `batch_size` indices (what the DataLoader batches together) then have
     similar lengths, and the batches are shuffled so lengths do not trend within an
-    epoch. Whole batches are dealt out to ranks. The order depends only on (seed, epoch),
-    and Lightning keeps it under DDP because it is a DistributedSampler.
+    epoch. The one short batch (when the data is not a multiple of the batch size) comes
+    last, so every other batch is full and no sample is repeated within a batch. Whole
+    batches are dealt out to ranks; the order depends only on (seed, epoch).
     """
 
     def __init__(
-        self, lengths: Sequence[int], batch_size: int, multiplier: int, num_replicas: int, rank: int, seed: int
+        self, lengths: Sequence[int], batch_size: int, multiplier: int, trainer: Trainer | None = None, seed: int = 0
     ) -> None:
-        super().__init__(lengths, num_replicas=num_replicas, rank=rank, shuffle=True, seed=seed)  # type: ignore[arg-type]
-        self.lengths, self.batch_size, self.multiplier = lengths, batch_size, multiplier
+        super().__init__(lengths, batch_size, trainer, seed)
+        self.lengths, self.multiplier = lengths, multiplier
         batches = math.ceil(len(lengths) / batch_size)
-        self.batches_per_rank = math.ceil(batches / num_replicas)
-        self.num_samples = self.batches_per_rank * batch_size  # what each rank yields
+        self.batches_per_rank = math.ceil(batches / self.num_replicas)
+        self.num_samples = self.batches_per_rank * batch_size  # the loader's length: batches per rank
 
-    def epoch_indices(self) -> Iterator[int]:
-        generator = torch.Generator().manual_seed(self.seed + self.epoch)
+    def epoch_indices(self, epoch: int) -> list[int]:
+        generator = torch.Generator().manual_seed(self.seed + epoch)
         order = torch.randperm(len(self.lengths), generator=generator).tolist()
         window = self.batch_size * self.multiplier
         ordered = []
         for start in range(0, len(order), window):
             ordered += sorted(order[start : start + window], key=self.lengths.__getitem__)
         batches = [ordered[i : i + self.batch_size] for i in range(0, len(ordered), self.batch_size)]
-        batches = [batches[i] for i in torch.randperm(len(batches), generator=generator).tolist()]
-        batches += batches[: self.batches_per_rank * self.num_replicas - len(batches)]  # equal count per rank
-        for batch in batches[self.rank :: self.num_replicas]:
-            # Pad a short batch with its own samples so batch boundaries stay aligned.
-            yield from (batch * self.batch_size)[: self.batch_size]
+        full = [b for b in batches if len(b) == self.batch_size]
+        short = [b for b in batches if len(b) < self.batch_size]
+        batches = [full[i] for i in torch.randperm(len(full), generator=generator).tolist()] + short
+        # DDP needs the same number of batches on every rank: repeat whole batches, as DistributedSampler pads.
+        padding = self.batches_per_rank * self.num_replicas - len(batches)
+        batches += (full or short) * (padding // max(len(full or short), 1) + 1)
+        batches = batches[: self.batches_per_rank * self.num_replicas]
+        return [index for batch in batches[self.rank :: self.num_replicas] for index in batch]
 
     def __len__(self) -> int:
         return self.num_samples
@@ -173,7 +177,7 @@ class TextClassificationDataModule(SplitLoaders, LightningDataModule):
         batch_size: int = 64,
         bucket_multiplier: int = 50,
         num_workers: int = 0,
-        vocab_from_checkpoint: str | None = None,
+        state_from_checkpoint: str | None = None,
     ) -> None:
         """
         Args:
@@ -191,7 +195,7 @@ class TextClassificationDataModule(SplitLoaders, LightningDataModule):
             batch_size: Sequences per batch on each device.
             bucket_multiplier: Length-sorting window, in batches (1 = no bucketing).
             num_workers: DataLoader workers; 0 is fastest for in-memory token lists.
-            vocab_from_checkpoint: Take vocabulary and labels from this checkpoint instead of
+            state_from_checkpoint: Take vocabulary and labels from this checkpoint instead of
                 train_file (set automatically from --ckpt_path by train.py).
         """
         super().__init__()
@@ -203,14 +207,22 @@ class TextClassificationDataModule(SplitLoaders, LightningDataModule):
         self.batch_size, self.bucket_multiplier, self.num_workers = batch_size, bucket_multiplier, num_workers
         self.splits: dict[str, EncodedTexts] = {}
         self.predict_texts: list[str] = []
+        self.train_records: list[tuple[str, str | None]] = []
+        self.held_out_records: list[tuple[str, str | None]] = []
         # Vocabulary and labels are needed now: train.py links them into the model.
-        if vocab_from_checkpoint is not None:
-            checkpoint = torch.load(vocab_from_checkpoint, map_location="cpu", weights_only=True)
+        if state_from_checkpoint is not None:
+            checkpoint = torch.load(state_from_checkpoint, map_location="cpu", weights_only=True)
             self.load_state_dict(checkpoint[type(self).__qualname__])
         elif train_file is not None:
-            records = read_records(Path(train_file), text_column, label_column)
-            self.tokenizer = WordTokenizer.build([text for text, _ in records], max_vocab, min_freq)
-            self.class_names = sorted({label for _, label in records})
+            self.train_records = read_records(Path(train_file), text_column, label_column)
+            if val_file is None:  # hold out before building the vocabulary: no validation word may leak into it
+                order = torch.randperm(len(self.train_records), generator=torch.Generator().manual_seed(split_seed))
+                held_out = set(order[: max(1, round(val_fraction * len(order)))].tolist())
+                records = self.train_records
+                self.held_out_records = [r for i, r in enumerate(records) if i in held_out]
+                self.train_records = [r for i, r in enumerate(records) if i not in held_out]
+            self.tokenizer = WordTokenizer.build([text for text, _ in self.train_records], max_vocab, min_freq)
+            self.class_names = sorted({label for _, label in self.train_records + self.held_out_records})
         else:
             raise ValueError("TextClassificationDataModule needs --data.train_file (or --ckpt_path of a trained run).")
 
@@ -234,34 +246,33 @@ class TextClassificationDataModule(SplitLoaders, LightningDataModule):
         self.class_names = list(state_dict["class_names"])
         self.max_length = state_dict["max_length"]
 
-    def _encode(self, path: str, with_labels: bool) -> tuple[EncodedTexts, list[str]]:
-        records = read_records(Path(path), self.text_column, self.label_column if with_labels else None)
+    def _encode(self, records: list[tuple[str, str | None]], source: str, with_labels: bool) -> EncodedTexts:
         label_ids = {name: i for i, name in enumerate(self.class_names)}
         unknown = sorted({label for _, label in records if with_labels and label not in label_ids})
         if unknown:
-            raise ValueError(f"{path}: labels {unknown[:10]} do not occur in the training labels {self.class_names}.")
+            raise ValueError(f"{source}: labels {unknown[:10]} do not occur in the training labels {self.class_names}.")
         ids = [self.tokenizer.encode(text, self.max_length) for text, _ in records]
-        labels = [label_ids[label] if with_labels else -1 for _, label in records]
-        return EncodedTexts(ids, labels), [text for text, _ in records]
+        labels = [label_ids[label] if with_labels else -1 for _, label in records]  # type: ignore[index]
+        return EncodedTexts(ids, labels)
+
+    def _read(self, split: str, with_labels: bool = True) -> list[tuple[str, str | None]]:
+        return read_records(Path(self.files[split]), self.text_column, self.label_column if with_labels else None)
 
     def setup(self, stage: str) -> None:
         if stage == "predict":
             if self.files["predict"] is None:
                 raise ValueError("predict needs --data.predict_file (a .txt with one text per line, or .csv/.jsonl).")
-            self.splits["predict"], self.predict_texts = self._encode(self.files["predict"], with_labels=False)
+            records = self._read("predict", with_labels=False)
+            self.splits["predict"] = self._encode(records, self.files["predict"], with_labels=False)
+            self.predict_texts = [text for text, _ in records]
             return
-        if self.files["train"] is not None and "train" not in self.splits:
-            train, _ = self._encode(self.files["train"], with_labels=True)
-            if self.files["val"] is None:
-                order = torch.randperm(len(train), generator=torch.Generator().manual_seed(self.split_seed)).tolist()
-                held_out = max(1, round(self.val_fraction * len(train)))
-                pick = lambda idx: EncodedTexts([train.ids[i] for i in idx], [train.labels[i] for i in idx])  # noqa: E731
-                self.splits["val"], self.splits["train"] = pick(order[:held_out]), pick(order[held_out:])
-            else:
-                self.splits["train"] = train
+        if self.train_records and "train" not in self.splits:
+            self.splits["train"] = self._encode(self.train_records, self.files["train"], with_labels=True)
+            if self.held_out_records:
+                self.splits["val"] = self._encode(self.held_out_records, self.files["train"], with_labels=True)
         for split in ("val", "test"):
             if self.files[split] is not None and split not in self.splits:
-                self.splits[split], _ = self._encode(self.files[split], with_labels=True)
+                self.splits[split] = self._encode(self._read(split), self.files[split], with_labels=True)
 
     def loader(self, split: str, shuffle: bool) -> DataLoader:
         if split not in self.splits:
@@ -269,9 +280,8 @@ class TextClassificationDataModule(SplitLoaders, LightningDataModule):
         dataset = self.splits[split]
         bucketing = None
         if shuffle:
-            world_size, rank = world(self.trainer)
             lengths = [len(ids) for ids in dataset.ids]
-            bucketing = BucketSampler(lengths, self.batch_size, self.bucket_multiplier, world_size, rank, global_seed())
+            bucketing = BucketSampler(lengths, self.batch_size, self.bucket_multiplier, self.trainer, global_seed())
         return make_loader(
             dataset,
             self.trainer,

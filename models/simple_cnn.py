@@ -6,10 +6,13 @@ import torch
 from torch import nn
 
 from models.base import ClassificationModule
+from models.seam import ClassifierNet
 
 
-class SimpleCNNNet(nn.Module):
+class SimpleCNNNet(ClassifierNet):
     """conv3x3(32) -> ReLU -> conv3x3(64) -> ReLU -> maxpool2 -> dropout -> FC(hidden) -> ReLU -> dropout -> FC."""
+
+    first_conv = "features.0"
 
     def __init__(
         self,
@@ -20,9 +23,8 @@ class SimpleCNNNet(nn.Module):
         dropout: float = 0.25,
     ) -> None:
         super().__init__()
-        in_channels = input_shape[0]
         self.features = nn.Sequential(
-            nn.Conv2d(in_channels, channels[0], 3),
+            nn.Conv2d(input_shape[0], channels[0], 3),
             nn.ReLU(inplace=True),
             nn.Conv2d(channels[0], channels[1], 3),
             nn.ReLU(inplace=True),
@@ -34,15 +36,15 @@ class SimpleCNNNet(nn.Module):
         # flatten size, so 1x28x28, 3x32x32 or any other input size just works.
         with torch.no_grad():
             flat_features = self.features(torch.zeros(1, *input_shape)).shape[1]
-        self.head = nn.Sequential(
-            nn.Linear(flat_features, hidden),
-            nn.ReLU(inplace=True),
-            nn.Dropout(2 * dropout),
-            nn.Linear(hidden, num_classes),
-        )
+        self.pre_logits = nn.Sequential(nn.Linear(flat_features, hidden), nn.ReLU(inplace=True), nn.Dropout(2 * dropout))
+        self.fc = nn.Linear(hidden, num_classes)
 
-    def forward(self, images: torch.Tensor) -> torch.Tensor:
-        return self.head(self.features(images))
+    def forward_features(self, images: torch.Tensor) -> torch.Tensor:
+        return self.features(images)
+
+    def forward_head(self, features: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
+        features = self.pre_logits(features)
+        return features if pre_logits else self.fc(features)
 
 
 class SimpleCNN(ClassificationModule):
@@ -62,7 +64,6 @@ class SimpleCNN(ClassificationModule):
             channels: Output channels of the two convolutions.
             hidden: Width of the hidden linear layer.
             dropout: Dropout after the conv stack; twice this after the hidden layer.
-            **kwargs: Optimizer and schedule settings of `ClassificationModule`.
+            **kwargs: Optimizer, schedule and weights settings of `ClassificationModule`.
         """
-        super().__init__(num_classes=num_classes, **kwargs)
-        self.net = SimpleCNNNet(num_classes, input_shape, channels, hidden, dropout)
+        super().__init__(SimpleCNNNet(num_classes, tuple(input_shape), tuple(channels), hidden, dropout), **kwargs)

@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from models.base import ClassificationModule
+from models.seam import ClassifierNet
 
 
 class MultiHeadSelfAttention(nn.Module):
@@ -97,7 +98,10 @@ class PatchEmbedding(nn.Module):
         return self.proj(images).flatten(2).transpose(1, 2), None
 
 
-class TransformerNet(nn.Module):
+class TransformerNet(ClassifierNet):
+    classifier_name = "head"
+    first_conv = "adapter.proj"  # the patch embedding of image input
+
     def __init__(
         self,
         adapter: TokenEmbedding | PatchEmbedding,
@@ -141,11 +145,11 @@ class TransformerNet(nn.Module):
         keep = (~padding_mask[:, 1:]).unsqueeze(-1).to(x.dtype)
         return (x[:, 1:] * keep).sum(dim=1) / keep.sum(dim=1).clamp_min(1.0)
 
-    def forward_head(self, features: torch.Tensor) -> torch.Tensor:
-        return self.head(features)
+    def forward_head(self, features: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
+        return features if pre_logits else self.head(features)
 
-    def forward(self, inputs: torch.Tensor) -> torch.Tensor:
-        return self.forward_head(self.forward_features(inputs))
+    def no_weight_decay(self) -> set[str]:
+        return {"cls_token", "pos_embed", "adapter.embed.weight"}
 
 
 class TransformerClassifier(ClassificationModule):
@@ -179,9 +183,8 @@ class TransformerClassifier(ClassificationModule):
             mlp_ratio: Hidden width of each block's MLP, as a multiple of dim.
             dropout: Dropout on embeddings, attention weights and residual branches.
             pooling: `cls` uses the [CLS] token's output; `mean` averages the non-padding tokens.
-            **kwargs: Optimizer and schedule settings of `ClassificationModule`.
+            **kwargs: Optimizer, schedule and weights settings of `ClassificationModule`.
         """
-        super().__init__(num_classes=num_classes, **kwargs)
         if vocab_size is not None:
             adapter: TokenEmbedding | PatchEmbedding = TokenEmbedding(vocab_size, dim, pad_id)
             max_tokens = max_length
@@ -190,4 +193,5 @@ class TransformerClassifier(ClassificationModule):
             max_tokens = adapter.num_patches
         else:
             raise ValueError("TransformerClassifier needs vocab_size (text) or input_shape (images) from the data.")
-        self.net = TransformerNet(adapter, num_classes, max_tokens, dim, depth, num_heads, mlp_ratio, dropout, pooling)
+        net = TransformerNet(adapter, num_classes, max_tokens, dim, depth, num_heads, mlp_ratio, dropout, pooling)
+        super().__init__(net, **kwargs)
