@@ -122,7 +122,14 @@ class ExactResume(Callback):
 
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._install_signal_handlers()
-        if not trainer.fit_loop.restarted_mid_epoch or self._saved is None:
+        if self._saved is None:
+            return
+        if getattr(trainer.train_dataloader, "num_workers", 0) > 0 and trainer.fit_loop._data_fetcher is not None:
+            # Lightning created the loader's iterator before restoring its loop from the checkpoint
+            # (to count the steps for the schedule), and the workers have already prefetched epoch 0's
+            # first indices (Lightning #21938). Start it again, from the restored position.
+            iter(trainer.fit_loop._data_fetcher)
+        if not trainer.fit_loop.restarted_mid_epoch:
             return
         sampler = getattr(trainer.train_dataloader, "sampler", None)
         if not isinstance(sampler, EpochSampler):
@@ -178,6 +185,8 @@ class ExactResume(Callback):
 
     def _defer_stop(self, signum: int, frame: Any) -> None:
         self._pending_stop = True
+        if self._trainer is not None and at_step_boundary(self._trainer):
+            self._release_stop(self._trainer)  # between steps already: stop as soon as Lightning looks
 
     def _release_stop(self, trainer: Trainer) -> None:
         if not self._pending_stop:

@@ -77,8 +77,9 @@ class EpochSampler(DistributedSampler):
         trainer = self.trainer
         if trainer is None or trainer.state.fn != TrainerFn.FITTING:
             return self.epoch, 0
-        loop = trainer.fit_loop
-        return loop.epoch_progress.current.processed, loop.epoch_loop.batch_progress.current.processed
+        epochs, batches = trainer.fit_loop.epoch_progress.current, trainer.fit_loop.epoch_loop.batch_progress.current
+        in_progress = epochs.started > epochs.processed  # else the batch counts are the finished epoch's
+        return epochs.processed, batches.processed if in_progress else 0
 
     def epoch_indices(self, epoch: int) -> list[int]:
         self.set_epoch(epoch)

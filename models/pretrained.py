@@ -26,7 +26,8 @@ def adapt_input_conv(weight: torch.Tensor, in_channels: int) -> torch.Tensor:
 
     RGB -> gray sums over the colour channels (R = G = B = gray gives the same response);
     otherwise the channels are repeated cyclically and rescaled by c / in_channels, so an
-    input that repeats one image on every channel still gives the same response.
+    input that repeats one image on every channel gives the same response (exactly when one
+    channel count divides the other, e.g. gray -> RGB; approximately otherwise, e.g. RGB -> RGBA).
     """
     channels = weight.shape[1]
     if channels == in_channels:

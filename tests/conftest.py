@@ -1,14 +1,25 @@
+"""Fixtures every test module shares: real data, a quick Trainer, and the CLI run as a user runs it."""
+
 from __future__ import annotations
 
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+import torch
+from lightning import Trainer
+from PIL import Image
+
+from datamodules.fortunes import FORTUNES_DIR
+from datamodules.fortunes import build as build_fortunes
+from datamodules.idx import read_idx
 
 ROOT = Path(__file__).resolve().parents[1]
 SYSTEM_FASHION_MNIST = Path("/usr/share/datasets/fashion-mnist")
+TOPICS = ("computers", "food", "startrek")
 
 
 @pytest.fixture(scope="session")
@@ -18,19 +29,65 @@ def fashion_mnist_dir() -> Path:
     return SYSTEM_FASHION_MNIST
 
 
-def run_cli(*args: str, cwd: Path, timeout: float = 300) -> subprocess.CompletedProcess:
+@pytest.fixture(scope="session")
+def fortunes_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Real sentences by topic (Debian's `fortunes`), as train/val/test JSONL files."""
+    if not (FORTUNES_DIR / "computers").is_file():
+        pytest.fail("The text tests need Debian's fortunes: `apt-get install fortunes`.")
+    out = tmp_path_factory.mktemp("fortunes")
+    build_fortunes(out, topics=TOPICS)
+    return out
+
+
+@pytest.fixture(scope="session")
+def image_tree(tmp_path_factory: pytest.TempPathFactory, fashion_mnist_dir: Path) -> Path:
+    """train/ and val/ class folders of real Fashion-MNIST images as PNG files (48 + 24 per class, 3 classes)."""
+    root = tmp_path_factory.mktemp("images")
+    images = read_idx(fashion_mnist_dir / "t10k-images-idx3-ubyte.gz")[:2000]
+    labels = read_idx(fashion_mnist_dir / "t10k-labels-idx1-ubyte.gz")[:2000]
+    for label, name in {0: "tshirt", 1: "trouser", 7: "sneaker"}.items():
+        picks = (labels == label).nonzero().flatten()[:72].tolist()
+        for split, chosen in (("train", picks[:48]), ("val", picks[48:])):
+            (root / split / name).mkdir(parents=True)
+            for index in chosen:
+                Image.fromarray(images[index].numpy()).save(root / split / name / f"{index}.png")
+    return root
+
+
+@pytest.fixture
+def quick_trainer() -> Callable[..., Trainer]:
+    """A Trainer for a few real batches: no logger, no progress bar, deterministic; override anything."""
+
+    def make(**overrides) -> Trainer:
+        settings = dict(
+            max_epochs=1, limit_train_batches=4, limit_val_batches=2, limit_test_batches=2, logger=False,
+            enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False, deterministic=True,
+            num_sanity_val_steps=0,
+        )  # fmt: skip
+        settings["enable_checkpointing"] = any(
+            type(c).__name__.endswith("Checkpoint") for c in overrides.get("callbacks", [])
+        )
+        return Trainer(**{**settings, **overrides})
+
+    return make
+
+
+def save_random_weights(model_class: type, path: Path, **kwargs) -> Path:
+    """A weights file as `export.py` writes it (the network's state dict), for fine-tuning tests."""
+    with torch.random.fork_rng():
+        torch.manual_seed(123)
+        torch.save(model_class(**kwargs).net.state_dict(), path)
+    return path
+
+
+def run_cli(*args: str, cwd: Path, timeout: float = 300, script: str = "train.py") -> subprocess.CompletedProcess:
     """Run `train.py` in a fresh process, as a user would, and fail with its output if it fails."""
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     result = subprocess.run(
-        [sys.executable, str(ROOT / "train.py"), *args],
-        cwd=cwd,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
+        [sys.executable, str(ROOT / script), *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout
     )
     if result.returncode != 0:
         pytest.fail(
-            f"train.py {' '.join(args)} exited {result.returncode}\n{result.stdout[-3000:]}\n{result.stderr[-5000:]}"
+            f"{script} {' '.join(args)} exited {result.returncode}\n{result.stdout[-3000:]}\n{result.stderr[-5000:]}"
         )
     return result

@@ -1,10 +1,14 @@
-"""Small pieces shared by the tests."""
+"""Small pieces shared by the tests: interruptions, state comparison, reading TensorBoard logs."""
 
 from __future__ import annotations
 
+import contextlib
 import os
+from pathlib import Path
 
+import torch
 from lightning import Callback, Trainer
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 
 class StopAfterEpoch(Callback):
@@ -27,3 +31,36 @@ class SignalAtBatch(Callback):
     def on_train_batch_end(self, trainer: Trainer, pl_module, outputs, batch, batch_idx: int) -> None:
         if (trainer.current_epoch, batch_idx) == (self.epoch, self.batch):
             os.kill(os.getpid(), self.signum)
+
+
+def max_difference(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
+    assert a.keys() == b.keys()
+    return max((a[k].double() - b[k].double()).abs().max().item() for k in a if a[k].numel())
+
+
+def same_state(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool:
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def event_tags(log_dir: Path, kind: str = "scalars") -> set[str]:
+    """Tags of `kind` (scalars, images, tensors, hparams) in every TensorBoard event file of a run."""
+    tags: set[str] = set()
+    for event_file in log_dir.glob("events.out.tfevents.*"):
+        accumulator = EventAccumulator(str(event_file))
+        accumulator.Reload()
+        if kind == "hparams":
+            with contextlib.suppress(KeyError):  # only the file with the hparams summary has the plugin
+                tags |= set(accumulator.PluginTagToContent("hparams"))
+        else:
+            tags |= set(accumulator.Tags()[kind])
+    return tags
+
+
+def scalar_steps(event_files: list[Path], tag: str) -> list[int]:
+    steps = []
+    for event_file in event_files:
+        accumulator = EventAccumulator(str(event_file))
+        accumulator.Reload()
+        if tag in accumulator.Tags()["scalars"]:
+            steps += [event.step for event in accumulator.Scalars(tag)]
+    return steps

@@ -1,26 +1,165 @@
+"""The model contract, over every model: the seam, param groups, weights reuse, injected optimizers, schedule."""
+
 from __future__ import annotations
 
 import itertools
 import math
+from pathlib import Path
 
 import pytest
 import torch
+from torch import nn
 
-from models import SimpleCNN
+import models
+from datamodules import FashionMNISTDataModule, ImageFolderDataModule
+from models import ClassificationModule, ResNetClassifier, SimpleCNN, TransformerClassifier
+from models.pretrained import WeightsError, adapt_input_conv
 from models.schedule import lr_factor
+from tests.conftest import save_random_weights
+
+CASES = {
+    "SimpleCNN": (SimpleCNN, dict(input_shape=(1, 28, 28)), (1, 28, 28)),
+    "ResNetClassifier": (ResNetClassifier, dict(input_shape=(3, 32, 32)), (3, 32, 32)),
+    "TransformerClassifier-patches": (
+        TransformerClassifier, dict(input_shape=(1, 28, 28), patch_size=7, dim=32, depth=1), (1, 28, 28),
+    ),
+    "TransformerClassifier-tokens": (TransformerClassifier, dict(vocab_size=50, dim=32, depth=1), None),
+}  # fmt: skip
 
 
-@pytest.mark.parametrize("input_shape", [(1, 28, 28), (3, 32, 32), (3, 64, 48)])
-def test_simple_cnn_adapts_to_input_shape(input_shape: tuple[int, int, int]) -> None:
-    model = SimpleCNN(num_classes=7, input_shape=input_shape)
-    logits = model(torch.randn(4, *input_shape))
-    assert logits.shape == (4, 7)
+def _inputs(shape: tuple[int, ...] | None, batch: int = 4) -> torch.Tensor:
+    return torch.randn(batch, *shape) if shape else torch.randint(2, 50, (batch, 9))
 
 
-def test_hyperparameters_include_base_and_model_arguments() -> None:
-    model = SimpleCNN(num_classes=3, input_shape=(1, 28, 28), hidden=64, lr=0.01, schedule="step")
-    assert model.hparams.hidden == 64 and model.hparams.lr == 0.01 and model.hparams.schedule == "step"
-    assert model.hparams.num_classes == 3
+def test_every_model_has_a_contract_case() -> None:
+    exported = {
+        name for name in models.__all__
+        if isinstance(getattr(models, name), type) and issubclass(getattr(models, name), ClassificationModule)
+    } - {"ClassificationModule"}  # fmt: skip
+    assert exported == {cls.__name__ for cls, _, _ in CASES.values()}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_seam_forward_features_head_and_classifier(case: str) -> None:
+    model_class, kwargs, shape = CASES[case]
+    torch.manual_seed(0)
+    model = model_class(num_classes=5, **kwargs).eval()
+    inputs = _inputs(shape)
+    net = model.net
+    features = net.forward_features(inputs)
+    assert features.dim() == 2 and len(features) == 4
+    torch.testing.assert_close(net.forward_head(features), model(inputs))
+    assert net.forward_head(features, pre_logits=True).shape[1] == net.get_classifier().in_features
+    assert isinstance(net.get_classifier(), nn.Linear) and net.get_classifier().out_features == 5
+    net.reset_classifier(3)
+    assert model(inputs).shape == (4, 3)
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_param_groups_split_head_backbone_and_weight_decay(case: str) -> None:
+    model_class, kwargs, _ = CASES[case]
+    model = model_class(num_classes=5, **kwargs)
+    groups = model.parameter_groups("head") + model.parameter_groups("backbone")
+    grouped = [id(p) for group in groups for p in group["params"]]
+    assert sorted(grouped) == sorted(id(p) for p in model.parameters())  # every parameter exactly once
+    names = {id(p): name for name, p in model.net.named_parameters()}
+    exempt = model.net.no_weight_decay()
+    for group in groups:
+        decays = not group["name"].endswith("_no_decay")
+        assert group.get("weight_decay", None) == (None if decays else 0.0)
+        for p in group["params"]:
+            assert (p.ndim >= 2 and names[id(p)] not in exempt) == decays, names[id(p)]
+    head = {id(p) for group in model.parameter_groups("head") for p in group["params"]}
+    assert head == {id(p) for p in model.net.get_classifier().parameters()}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_weights_file_loads_everything_but_the_classifier(case: str, tmp_path: Path) -> None:
+    model_class, kwargs, _ = CASES[case]
+    weights = save_random_weights(model_class, tmp_path / "net.pt", num_classes=5, **kwargs)
+    model = model_class(num_classes=3, weights=str(weights), **kwargs)  # other classes: the classifier is new
+    saved = torch.load(weights, weights_only=True)
+    classifier = model.net.classifier_name
+    loaded = {k: v for k, v in model.net.state_dict().items() if not k.startswith(f"{classifier}.")}
+    assert loaded and all(torch.equal(saved[k], v) for k, v in loaded.items())
+    assert model.net.get_classifier().out_features == 3
+
+
+def test_weights_from_a_checkpoint_hold_no_code(tmp_path: Path, quick_trainer, fashion_mnist_dir) -> None:
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    trainer = quick_trainer(limit_train_batches=1, callbacks=[ModelCheckpoint(dirpath=tmp_path)])
+    trainer.fit(SimpleCNN(optimizer=torch.optim.SGD), datamodule=FashionMNISTDataModule())
+    checkpoint = next(tmp_path.glob("*.ckpt"))
+    hparams = torch.load(checkpoint, weights_only=True)["hyper_parameters"]  # no pickled classes in it
+    assert hparams["optimizer"]["class_path"] == "torch.optim.sgd.SGD"
+    model = SimpleCNN(num_classes=4, weights=str(checkpoint))
+    assert torch.equal(model.net.features[0].weight, trainer.lightning_module.net.features[0].weight)
+    restored = SimpleCNN.load_from_checkpoint(checkpoint, weights_only=True)
+    assert isinstance(restored.make_optimizer(model.parameters()), torch.optim.SGD)
+
+
+@pytest.mark.parametrize(("stored", "wanted"), [(3, 1), (1, 3), (3, 6), (1, 4)])
+def test_input_conv_adaptation_keeps_the_response_to_a_gray_image(stored: int, wanted: int) -> None:
+    torch.manual_seed(0)
+    weight = torch.randn(8, stored, 3, 3)
+    gray = torch.randn(2, 1, 10, 10)
+    adapted = adapt_input_conv(weight, wanted)
+    assert adapted.shape == (8, wanted, 3, 3)
+    expected = nn.functional.conv2d(gray.expand(-1, stored, -1, -1), weight)
+    torch.testing.assert_close(nn.functional.conv2d(gray.expand(-1, wanted, -1, -1), adapted), expected)
+
+
+def test_gray_checkpoint_trains_on_rgb_files_and_rgb_weights_on_gray_data(
+    tmp_path: Path, quick_trainer, image_tree: Path
+) -> None:
+    gray = save_random_weights(SimpleCNN, tmp_path / "gray.pt", input_shape=(1, 28, 28))
+    rgb_data = ImageFolderDataModule(root=str(image_tree), image_size=28, batch_size=8, num_workers=0)
+    model = SimpleCNN(num_classes=rgb_data.num_classes, input_shape=rgb_data.input_shape, weights=str(gray))
+    before = model.net.features[0].weight.clone()
+    quick_trainer(limit_train_batches=2).fit(model, datamodule=rgb_data)
+    assert model.net.features[0].weight.shape[1] == 3 and not torch.equal(model.net.features[0].weight, before)
+
+    rgb = save_random_weights(ResNetClassifier, tmp_path / "rgb.pth", input_shape=(3, 32, 32))
+    model = ResNetClassifier(input_shape=(1, 28, 28), weights=str(rgb))
+    trainer = quick_trainer(limit_train_batches=2, limit_val_batches=1)
+    trainer.fit(model, datamodule=FashionMNISTDataModule(batch_size=16))
+    assert math.isfinite(trainer.callback_metrics["val_loss"].item())
+
+
+def test_weights_errors_name_the_file_and_the_keys(tmp_path: Path) -> None:
+    with pytest.raises(WeightsError, match=r"nowhere\.pth: file not found"):
+        ResNetClassifier(input_shape=(1, 28, 28), weights=str(tmp_path / "nowhere.pth"))
+    (tmp_path / "notes.pth").write_text("not a tensor file")
+    with pytest.raises(WeightsError, match="not a readable torch file"):
+        ResNetClassifier(input_shape=(1, 28, 28), weights=str(tmp_path / "notes.pth"))
+    resnet50 = save_random_weights(ResNetClassifier, tmp_path / "resnet50.pth", arch="resnet50")
+    with pytest.raises(WeightsError) as err:
+        ResNetClassifier(arch="resnet18", input_shape=(3, 32, 32), weights=str(resnet50))
+    message = str(err.value)
+    assert "unexpected keys: ['layer1.0.bn3.bias'" in message
+    assert "shape mismatches: ['layer1.0.conv1.weight: file (64, 64, 1, 1) vs model (64, 64, 3, 3)'" in message
+    assert "--model.arch" in message
+
+
+def test_weights_only_loading_runs_no_code_from_the_file(tmp_path: Path) -> None:
+    class Payload:
+        def __reduce__(self):
+            return (print, ("code ran while loading",))
+
+    torch.save({"conv1.weight": Payload()}, tmp_path / "evil.pth")
+    with pytest.raises(WeightsError, match=r"evil\.pth: not a readable torch file"):
+        ResNetClassifier(input_shape=(3, 32, 32), weights=str(tmp_path / "evil.pth"))
+
+
+def test_torchvision_weights_name_offline_says_how_to_use_a_file(monkeypatch) -> None:
+    import torchvision
+
+    url = "http://127.0.0.1:9/resnet18-f37072fd.pth"  # closed port: fails as offline does
+    monkeypatch.setattr(torchvision.models.ResNet18_Weights.IMAGENET1K_V1.value, "url", url)
+    monkeypatch.setenv("TORCH_HOME", "/nonexistent-torch-home")
+    with pytest.raises(WeightsError, match=r"Offline\? .* --model.weights path/to/resnet18.pth"):
+        ResNetClassifier(input_shape=(3, 32, 32), weights="IMAGENET1K_V1")
 
 
 def test_warmup_then_cosine() -> None:

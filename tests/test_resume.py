@@ -1,110 +1,160 @@
-"""Exact resume: an interrupted run, resumed with its checkpoint, ends bit-identical to one never stopped."""
+"""Exact resume: an interrupted run, resumed from its checkpoint, ends bit-identical to one never stopped.
+
+The fault-injection matrix (tests/matrix.py) crosses data (in memory without workers, image
+files with 2 workers), gradient accumulation (1, 2), the interruption (epoch end, step
+checkpoint, mid-epoch validation checkpoint, SIGTERM mid-epoch, SIGKILL) and the model
+(plain, two-stage fine-tuning stopped in stage 1 or in stage 2). `make test` runs 15 cells
+that cover every pair of factor values; `pytest -m matrix` runs all 60 and prints the table.
+"""
 
 from __future__ import annotations
 
-import os
 import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 from lightning import Trainer, seed_everything
 from lightning.pytorch.callbacks import ModelCheckpoint
 
-from callbacks import ExactResume
+from callbacks import ExactResume, ResumeCheckpoint
+from callbacks.exact_resume import rng_states, set_rng_states
 from datamodules import FashionMNISTDataModule
 from models import SimpleCNN
-from tests.conftest import ROOT, run_cli
-from tests.helpers import SignalAtBatch, StopAfterEpoch
+from tests import matrix
+from tests.helpers import SignalAtBatch, StopAfterEpoch, same_state
+
+RESULTS: dict[str, str] = {}
 
 
-def _run(directory: Path, *callbacks, ckpt_path: str | None = None) -> Trainer:
+def _outcome(trainer: Trainer) -> dict[str, Any]:
+    state = {k: v.clone() for k, v in trainer.lightning_module.state_dict().items()}
+    metrics = {k: trainer.callback_metrics[k].item() for k in ("val_loss", "val_acc")}
+    return {"state": state, "metrics": metrics, "global_step": trainer.global_step}
+
+
+@pytest.fixture(scope="module")
+def references(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple, dict[str, Any]]:
+    return {}
+
+
+def _run_cell(cell: matrix.Cell, tmp_path: Path, image_root: Path, references: dict) -> None:
+    key = (cell.data, cell.accumulate, cell.stage, cell.trigger == "mid-epoch-validation")
+    if key not in references:
+        references[key] = _outcome(matrix.fit(cell, tmp_path / "uninterrupted", image_root))
+    expected = references[key]
+    checkpoint = matrix.interrupt(cell, tmp_path / "run", image_root)
+    resumed = _outcome(matrix.fit(cell, tmp_path / "run", image_root, ckpt_path=str(checkpoint)))
+    exact = same_state(expected["state"], resumed["state"]) and expected["metrics"] == resumed["metrics"]
+    RESULTS[cell.id] = "exact" if exact else "DIFFERS"
+    assert resumed["global_step"] == expected["global_step"]
+    assert same_state(expected["state"], resumed["state"]), f"{cell.id}: weights differ"
+    assert resumed["metrics"] == expected["metrics"], f"{cell.id}: metrics differ"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("cell", matrix.pairwise_cells(), ids=lambda c: c.id)
+def test_resume_is_exact_in_every_pair_of_setups(cell, tmp_path, image_tree, references, fashion_mnist_dir) -> None:
+    _run_cell(cell, tmp_path, image_tree, references)
+
+
+@pytest.mark.slow
+@pytest.mark.matrix
+@pytest.mark.parametrize("cell", matrix.all_cells(), ids=lambda c: c.id)
+def test_resume_matrix(cell, tmp_path, image_tree, references, fashion_mnist_dir) -> None:
+    _run_cell(cell, tmp_path, image_tree, references)
+
+
+def teardown_module() -> None:
+    if len(RESULTS) > 1:
+        print("\n\nexact-resume matrix\n" + "\n".join(f"{cell:<60} {result}" for cell, result in sorted(RESULTS.items())))
+
+
+# -- single regressions, fast --------------------------------------------------------------------
+
+
+def _fit(directory: Path, *callbacks, ckpt_path: str | None = None, **trainer_kwargs) -> Trainer:
     seed_everything(3)
-    datamodule = FashionMNISTDataModule(batch_size=32, augment=True)
+    datamodule = FashionMNISTDataModule(batch_size=trainer_kwargs.pop("batch_size", 32), augment=True)
     model = SimpleCNN(warmup_epochs=0.5)  # dropout + augmentation + shuffling all draw random numbers
-    last = ModelCheckpoint(dirpath=directory, filename="last", enable_version_counter=False, save_on_exception=True)
-    trainer = Trainer(
+    settings = dict(
         max_epochs=3, limit_train_batches=8, limit_val_batches=2, logger=False, enable_progress_bar=False,
-        enable_model_summary=False, deterministic=True, callbacks=[last, ExactResume(), *callbacks],
+        enable_model_summary=False, deterministic=True, num_sanity_val_steps=0,
     )  # fmt: skip
+    callbacks = [ExactResume(), ResumeCheckpoint(dirpath=directory), *callbacks]
+    trainer = Trainer(**{**settings, **trainer_kwargs}, callbacks=callbacks)
     trainer.fit(model, datamodule=datamodule, ckpt_path=ckpt_path)
     return trainer
 
 
-@pytest.fixture(scope="module")
-def uninterrupted(tmp_path_factory: pytest.TempPathFactory, fashion_mnist_dir) -> Trainer:
-    return _run(tmp_path_factory.mktemp("full"))
-
-
-def _assert_same_end(expected: Trainer, actual: Trainer) -> None:
-    assert actual.global_step == expected.global_step == 24
-    a, b = expected.lightning_module.state_dict(), actual.lightning_module.state_dict()
-    assert all(torch.equal(a[k], b[k]) for k in a)
-    assert actual.callback_metrics["val_loss"].item() == expected.callback_metrics["val_loss"].item()
-
-
-def test_stopped_after_an_epoch(tmp_path: Path, uninterrupted: Trainer) -> None:
-    _run(tmp_path, StopAfterEpoch(1))
-    _assert_same_end(uninterrupted, _run(tmp_path, ckpt_path=str(tmp_path / "last.ckpt")))
-
-
-@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
-def test_signal_mid_epoch_saves_a_checkpoint_that_resumes_exactly(tmp_path: Path, uninterrupted, signum) -> None:
-    with pytest.raises(SystemExit):  # Lightning's graceful stop after the current batch
-        _run(tmp_path, SignalAtBatch(epoch=1, batch=4, signum=signum))
-    checkpoint = torch.load(tmp_path / "last.ckpt", weights_only=False)
-    assert checkpoint["global_step"] == 8 + 5  # saved mid-epoch, right after the interrupted batch
-    _assert_same_end(uninterrupted, _run(tmp_path, ckpt_path=str(tmp_path / "last.ckpt")))
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # Ctrl-C handler restored
-
-
-def test_interrupted_checkpoint_write_leaves_the_previous_file_intact(tmp_path: Path, fashion_mnist_dir) -> None:
-    _run(tmp_path, StopAfterEpoch(0))
-    before = (tmp_path / "last.ckpt").read_bytes()
-    import fsspec.implementations.local as local
-
-    original = local.LocalFileOpener.write
-
-    def write_half_then_crash(self, data):
-        original(self, data[: len(data) // 2])
-        raise OSError("disk full")
-
-    local.LocalFileOpener.write = write_half_then_crash
+def test_sigint_stops_gracefully_and_restores_the_handler(tmp_path: Path, fashion_mnist_dir) -> None:
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
-        with pytest.raises(OSError, match="disk full"):
-            _run(tmp_path, ckpt_path=str(tmp_path / "last.ckpt"))
+        with pytest.raises(SystemExit):  # Lightning's graceful stop after the current step
+            _fit(tmp_path, SignalAtBatch(epoch=1, batch=4, signum=signal.SIGINT))
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
     finally:
-        local.LocalFileOpener.write = original
-    assert (tmp_path / "last.ckpt").read_bytes() == before  # written to a temporary file, renamed only when complete
-    assert torch.load(tmp_path / "last.ckpt", weights_only=False)["global_step"] == 8
+        signal.signal(signal.SIGINT, previous)
+    assert torch.load(tmp_path / "last.ckpt", weights_only=True)["global_step"] == 8 + 5
 
 
-@pytest.mark.slow
-def test_hard_kill_between_checkpoints_resumes_exactly(tmp_path: Path, fashion_mnist_dir) -> None:
-    """SIGKILL (no chance to save) somewhere after epoch 0's checkpoint; resume from last.ckpt."""
-    args = [
-        "fit", "--config", str(ROOT / "configs/simple_cnn.yaml"), "--trainer.max_epochs=3",
-        "--trainer.limit_train_batches=60", "--trainer.limit_val_batches=4", "--trainer.enable_progress_bar=false",
-        "--trainer.deterministic=true", "--test_after_fit=false", "--data.augment=true",
-    ]  # fmt: skip
-    (tmp_path / "full").mkdir()
-    run_cli(*args, cwd=tmp_path / "full")
-    (tmp_path / "killed").mkdir()
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    process = subprocess.Popen([sys.executable, str(ROOT / "train.py"), *args], cwd=tmp_path / "killed", env=env)
-    last = tmp_path / "killed/logs/simple_cnn/version_0/checkpoints/last.ckpt"
-    deadline = time.time() + 120
-    while not last.exists() and time.time() < deadline:
-        time.sleep(0.05)
-    time.sleep(1.0)  # well into epoch 1
-    process.send_signal(signal.SIGKILL)
-    process.wait()
-    assert torch.load(last, weights_only=False)["global_step"] == 60
-    run_cli(*args, "--ckpt_path=last", cwd=tmp_path / "killed")
-    full = torch.load(tmp_path / "full/logs/simple_cnn/version_0/checkpoints/last.ckpt", weights_only=False)
-    resumed = torch.load(last, weights_only=False)
-    assert resumed["global_step"] == full["global_step"] == 180
-    assert all(torch.equal(full["state_dict"][k], resumed["state_dict"][k]) for k in full["state_dict"])
+def test_sigterm_inside_an_accumulation_window_stops_at_its_end(tmp_path: Path, fashion_mnist_dir) -> None:
+    with pytest.raises(SystemExit):
+        _fit(tmp_path, SignalAtBatch(epoch=0, batch=2, signum=signal.SIGTERM), accumulate_grad_batches=2)
+    checkpoint = torch.load(tmp_path / "last.ckpt", weights_only=True)
+    assert checkpoint["global_step"] == 2  # after batch 4 (the window's end), not after batch 3
+    assert checkpoint["callbacks"]["ExactResume"]["batches_done"] == 4
+
+
+def test_step_checkpoint_resumes_at_the_next_batch(tmp_path: Path, fashion_mnist_dir) -> None:
+    """A checkpoint written in on_train_batch_end (every_n_train_steps) resumes after that batch, not one earlier."""
+    full = _fit(tmp_path / "full")
+    steps = ModelCheckpoint(dirpath=tmp_path / "cut", filename="{step}", every_n_train_steps=3, save_top_k=-1)
+    _fit(tmp_path / "cut", steps, StopAfterEpoch(1))
+    resumed = _fit(tmp_path / "cut", ckpt_path=str(tmp_path / "cut" / "step=12.ckpt"))
+    assert same_state(full.lightning_module.state_dict(), resumed.lightning_module.state_dict())
+
+
+def test_mid_epoch_validation_checkpoint_resumes_in_its_own_epoch(tmp_path: Path, fashion_mnist_dir) -> None:
+    """val_check_interval < 1: the last checkpoint of epoch 0 is written at its last validation, inside the
+    epoch; the resumed run must not apply the skip to epoch 1."""
+    full = _fit(tmp_path / "full", max_epochs=2, val_check_interval=0.5)
+    _fit(tmp_path / "cut", StopAfterEpoch(0), max_epochs=2, val_check_interval=0.5)
+    resumed = _fit(tmp_path / "cut", max_epochs=2, val_check_interval=0.5, ckpt_path=str(tmp_path / "cut/last.ckpt"))
+    assert same_state(full.lightning_module.state_dict(), resumed.lightning_module.state_dict())
+    assert full.callback_metrics["val_loss"].item() == resumed.callback_metrics["val_loss"].item()
+
+
+def test_other_batch_size_mid_epoch_is_refused_with_the_fix(tmp_path: Path, fashion_mnist_dir) -> None:
+    with pytest.raises(SystemExit):
+        _fit(tmp_path, SignalAtBatch(epoch=0, batch=3, signum=signal.SIGTERM))
+    with pytest.raises(ValueError, match=r"batch_size 32 -> 16.*original --data.batch_size"):
+        _fit(tmp_path, batch_size=16, ckpt_path=str(tmp_path / "last.ckpt"))
+
+
+def test_longer_run_after_resume_follows_the_new_schedule(tmp_path: Path, fashion_mnist_dir) -> None:
+    """Resume with a larger max_epochs: the cosine decays to the new end, not to 0 at the old one."""
+    full = _fit(tmp_path / "full", max_epochs=4)
+    _fit(tmp_path / "cut", max_epochs=2)
+    with pytest.warns(UserWarning, match=r"schedule changed since the checkpoint"):
+        resumed = _fit(tmp_path / "cut", max_epochs=4, ckpt_path=str(tmp_path / "cut/last.ckpt"))
+    lrs = [group["lr"] for group in resumed.optimizers[0].param_groups]
+    assert lrs == [group["lr"] for group in full.optimizers[0].param_groups]
+    scheduler = resumed.lr_scheduler_configs[0].scheduler
+    assert scheduler.factor_kwargs["total_steps"] == 32 and min(scheduler.get_last_lr()) >= 0
+
+
+def test_rng_state_of_this_device_only(monkeypatch) -> None:
+    """Each rank saves its own CUDA generator; restoring needs only the device it runs on. (No GPU here:
+    the CUDA generator functions are stood in by ones that act on a single CPU generator.)"""
+    device_state = torch.random.get_rng_state()
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_rng_state", lambda device="cuda": device_state.clone())
+    restored = []
+    monkeypatch.setattr(torch.cuda, "set_rng_state", lambda state, device="cuda": restored.append(state))
+    monkeypatch.setattr(torch.cuda, "get_rng_state_all", lambda: pytest.fail("saved every device's state"))
+    monkeypatch.setattr(torch.cuda, "set_rng_state_all", lambda states: pytest.fail("restored every device"))
+    states = rng_states()
+    set_rng_states(states)
+    assert torch.equal(states["cuda"], device_state) and len(restored) == 1
