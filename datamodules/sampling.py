@@ -67,8 +67,10 @@ class EpochSampler(DistributedSampler):
         trainer: Trainer | None = None,
         seed: int = 0,
         sample_seeds: bool = False,
+        shard: tuple[int, int] | None = None,
     ) -> None:
-        world_size, rank = world(trainer)
+        """`shard`: (world size, rank), by default the trainer's."""
+        world_size, rank = shard or world(trainer)
         super().__init__(dataset, num_replicas=world_size, rank=rank, shuffle=True, seed=seed)  # type: ignore[arg-type]
         self.batch_size, self.trainer, self.sample_seeds = batch_size, trainer, sample_seeds
 

@@ -131,9 +131,15 @@ class BucketSampler(EpochSampler):
     """
 
     def __init__(
-        self, lengths: Sequence[int], batch_size: int, multiplier: int, trainer: Trainer | None = None, seed: int = 0
+        self,
+        lengths: Sequence[int],
+        batch_size: int,
+        multiplier: int,
+        trainer: Trainer | None = None,
+        seed: int = 0,
+        shard: tuple[int, int] | None = None,
     ) -> None:
-        super().__init__(lengths, batch_size, trainer, seed)
+        super().__init__(lengths, batch_size, trainer, seed, shard=shard)
         self.lengths, self.multiplier = lengths, multiplier
         batches = math.ceil(len(lengths) / batch_size)
         self.batches_per_rank = math.ceil(batches / self.num_replicas)

@@ -1,4 +1,4 @@
-"""The CLI as a user runs it: configs, fit -> validate -> test, resume, TensorBoard output."""
+"""The CLI as a user runs it: job configs over the defaults, fit -> validate -> resume, loggers, optimizers."""
 
 from __future__ import annotations
 
@@ -9,69 +9,61 @@ from pathlib import Path
 
 import pytest
 import torch
-from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint
-from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+from lightning.pytorch.callbacks import EarlyStopping, LearningRateMonitor, ModelCheckpoint
 
-from datamodules import FashionMNISTDataModule
-from datamodules.fortunes import build as build_fortunes
-from models import SimpleCNN
-from tests.conftest import ROOT, run_cli
+from callbacks import ExactResume, FiniteLossGuard, ResumeCheckpoint
+from models import ResNetClassifier
+from tests.conftest import ROOT, run_cli, save_random_weights
+from tests.helpers import event_tags, same_state, scalar_steps
 from train import TemplateCLI
 
-CONFIGS = sorted(p for p in (ROOT / "configs").glob("*.yaml"))
-PRESETS = sorted((ROOT / "configs" / "presets").glob("*.yaml"))
+CONFIGS = sorted((ROOT / "configs").glob("*.yaml"))
+JOBS = [c for c in CONFIGS if c.name != "defaults.yaml"]
 QUICK = [
-    "--trainer.limit_train_batches=20",
-    "--trainer.limit_val_batches=8",
-    "--trainer.limit_test_batches=8",
-    "--trainer.enable_progress_bar=false",
-    "--trainer.log_every_n_steps=5",
-]
+    "--trainer.limit_train_batches=20", "--trainer.limit_val_batches=8", "--trainer.limit_test_batches=8",
+    "--trainer.enable_progress_bar=false", "--trainer.log_every_n_steps=5",
+]  # fmt: skip
+SHARED = ("logger", "ModelCheckpoint", "EarlyStopping", "LearningRateMonitor", "save_dir", "seed_everything")
 
 
-# What a config needs from outside that this offline machine lacks: ImageNet weights, an image tree.
-OFFLINE_OVERRIDES = {
-    "resnet_finetune.yaml": ["--model.weights=null", "--data.root={tmp}"],
-    "resnet_cifar10.yaml": ["--model.weights=null"],
-}
+@pytest.fixture(scope="module")
+def local_resnet_weights(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Offline stand-in for ImageNet weights: a torchvision-style ResNet-18 state dict on disk."""
+    return save_random_weights(ResNetClassifier, tmp_path_factory.mktemp("weights") / "resnet18.pth")
 
 
-@pytest.mark.parametrize("config", CONFIGS, ids=lambda p: p.name)
-def test_every_config_instantiates(config: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("config", JOBS, ids=lambda p: p.name)
+def test_every_job_config_is_a_short_delta_that_instantiates(
+    config: Path, tmp_path: Path, monkeypatch, local_resnet_weights: Path, fortunes_dir: Path
+) -> None:
+    text = config.read_text()
+    assert len(text.splitlines()) <= 25 and not [word for word in SHARED if word in text]
     monkeypatch.chdir(tmp_path)
-    for name in ("cat", "dog"):
-        (tmp_path / "train" / name).mkdir(parents=True)
-    if config.name == "transformer_text.yaml":
-        build_fortunes(tmp_path / "data" / "fortunes")  # where the config looks, relative to the run
-    overrides = [arg.format(tmp=tmp_path) for arg in OFFLINE_OVERRIDES.get(config.name, [])]
+    overrides = []  # what this offline machine lacks: ImageNet weights, an image tree, the text files
+    if "weights: DEFAULT" in text:
+        overrides.append(f"--model.init_args.weights={local_resnet_weights}")
+    if "ImageFolderDataModule" in text:
+        for name in ("cat", "dog"):
+            (tmp_path / "images" / "train" / name).mkdir(parents=True)
+        overrides.append("--data.init_args.root=images")
+    if "TextClassificationDataModule" in text:
+        overrides += [f"--data.init_args.{s}_file={fortunes_dir / f'{s}.jsonl'}" for s in ("train", "val", "test")]
     cli = TemplateCLI(args=["--config", str(config), *overrides], run=False)
     assert cli.model.hparams.num_classes == cli.datamodule.num_classes  # linked, not typed twice
-    for name in ("input_shape", "vocab_size", "pad_id", "max_length"):
-        if hasattr(cli.datamodule, name) and name in cli.model.hparams:
-            as_tuple = lambda value: tuple(value) if isinstance(value, (list, tuple)) else value  # noqa: E731
-            assert as_tuple(cli.model.hparams[name]) == as_tuple(getattr(cli.datamodule, name)), name
-    callback_types = {type(c) for c in cli.trainer.callbacks}
-    assert {ModelCheckpoint, LearningRateMonitor} <= callback_types
+    types = {type(c) for c in cli.trainer.callbacks}
+    assert {ExactResume, ResumeCheckpoint, FiniteLossGuard, LearningRateMonitor, EarlyStopping} <= types
+    assert cli.trainer.logger.name == config.stem  # the run is named after its config file
 
 
-@pytest.mark.parametrize("preset", PRESETS, ids=lambda p: p.name)
-def test_every_preset_stacks_on_the_main_config(preset: Path, tmp_path: Path, monkeypatch) -> None:
-    monkeypatch.chdir(tmp_path)
-    args = ["--config", str(ROOT / "configs" / "simple_cnn.yaml"), "--config", str(preset)]
-    if "amp" in preset.name:  # GPU presets: check the precision they ask for, on the CPU
-        args += ["--trainer.accelerator=cpu", "--trainer.precision=bf16-mixed"]
-    cli = TemplateCLI(args=args, run=False)
-    assert isinstance(cli.model, SimpleCNN) and isinstance(cli.datamodule, FashionMNISTDataModule)
-
-
-def _scalars(event_file: Path) -> EventAccumulator:
-    accumulator = EventAccumulator(str(event_file))
-    accumulator.Reload()
-    return accumulator
-
-
-def _scalar_tags(log_dir: Path) -> set[str]:
-    return {tag for f in log_dir.glob("events.out.tfevents.*") for tag in _scalars(f).Tags()["scalars"]}
+def test_print_config_still_shows_everything(tmp_path: Path) -> None:
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "train.py"), "fit", "--config", str(ROOT / "configs/simple_cnn.yaml"), "--print_config"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-2000:]
+    for line in ("class_path: lightning.pytorch.loggers.TensorBoardLogger", "monitor: val_acc", "patience: 5",
+                 "class_path: torch.optim.AdamW", "lr: 0.002", "max_epochs: 6"):  # fmt: skip
+        assert line in result.stdout, line
 
 
 @pytest.fixture(scope="module")
@@ -89,16 +81,15 @@ def test_fit_reports_test_accuracy_checkpoint_and_logs(fitted: tuple[Path, str])
     run_dir = workdir / "logs" / "simple_cnn" / "version_0"
     assert re.search(r"test accuracy: 0\.\d{4}", stdout)
     assert "TensorBoard logs: tensorboard --logdir logs/simple_cnn/version_0" in stdout
-    assert (run_dir / "checkpoints" / "last.ckpt").is_file()
+    assert "last checkpoint: logs/simple_cnn/version_0/checkpoints/last.ckpt" in stdout
     assert (run_dir / "config.yaml").is_file()
-    assert {"train_loss", "val_loss", "val_acc", "train_acc", "lr-AdamW/all"} <= _scalar_tags(run_dir)
+    assert {"train_loss", "val_loss", "val_acc", "train_acc", "lr-AdamW/head", "lr-AdamW/backbone"} <= event_tags(run_dir)
 
 
 def test_validate_reproduces_best_checkpoint_score(fitted: tuple[Path, str]) -> None:
     workdir, _ = fitted
-    checkpoints = workdir / "logs" / "simple_cnn" / "version_0" / "checkpoints"
-    best = next(p for p in checkpoints.glob("epoch=*.ckpt"))
-    saved = torch.load(best, weights_only=False)
+    best = next((workdir / "logs" / "simple_cnn" / "version_0" / "checkpoints").glob("epoch=*.ckpt"))
+    saved = torch.load(best, weights_only=True)
     callback_state = next(v for k, v in saved["callbacks"].items() if k.startswith("ModelCheckpoint"))
     result = run_cli(
         "validate", "--config", str(ROOT / "configs/simple_cnn.yaml"), f"--ckpt_path={best}", *QUICK, cwd=workdir
@@ -110,39 +101,75 @@ def test_validate_reproduces_best_checkpoint_score(fitted: tuple[Path, str]) -> 
 def test_fit_resumes_from_last_at_the_next_epoch(fitted: tuple[Path, str]) -> None:
     workdir, _ = fitted
     run_dir = workdir / "logs" / "simple_cnn" / "version_0"
-    before = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=False)
-    assert before["global_step"] == 40
+    assert torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == 40
     old_event_files = set(run_dir.glob("events.out.tfevents.*"))
-    old_versions = set(run_dir.parent.iterdir())
-    result = run_cli(
+    run_cli(
         "fit", "--config", str(ROOT / "configs/simple_cnn.yaml"), "--ckpt_path=last", "--trainer.max_epochs=3",
         "--test_after_fit=false", *QUICK, cwd=workdir,
     )  # fmt: skip
-    assert "Restoring states from the checkpoint path at logs/simple_cnn/version_0/checkpoints/last.ckpt" in (
-        result.stdout + result.stderr
+    assert torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == 60
+    assert [p.name for p in run_dir.parent.iterdir()] == ["version_0"]  # the same run folder continues
+    steps = scalar_steps(sorted(set(run_dir.glob("events.out.tfevents.*")) - old_event_files), "train_loss")
+    assert steps and min(steps) > 40 and max(steps) < 60  # the resumed process trained only the third epoch
+
+
+def test_a_config_of_model_and_data_alone_resumes_exactly(tmp_path: Path, fashion_mnist_dir) -> None:
+    """The defaults and the CLI supply everything resume needs: a SIGTERM mid-epoch, then --ckpt_path last."""
+    (tmp_path / "mine.yaml").write_text(
+        "model: models.SimpleCNN\ndata:\n  class_path: datamodules.FashionMNISTDataModule\n  init_args: {augment: true}\n"
     )
-    after = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=False)
-    assert after["global_step"] == 60
-    assert set(run_dir.parent.iterdir()) == old_versions  # the same run folder continues
-    # The resumed process trained only the third epoch: its logged steps start after step 40.
-    new_event_files = set(run_dir.glob("events.out.tfevents.*")) - old_event_files
-    accumulators = [_scalars(f) for f in new_event_files]
-    steps = [e.step for a in accumulators if "train_loss" in a.Tags()["scalars"] for e in a.Scalars("train_loss")]
-    assert steps and min(steps) > 40 and max(steps) < 60
+    args = [
+        "fit", "--config", "mine.yaml", "--trainer.max_epochs=2", "--trainer.limit_train_batches=10",
+        "--trainer.limit_val_batches=2", "--trainer.enable_progress_bar=false", "--trainer.deterministic=true",
+    ]  # fmt: skip
+    (tmp_path / "full").mkdir()
+    run_cli(*[a if a != "mine.yaml" else "../mine.yaml" for a in args], cwd=tmp_path / "full")
+    stop = ["--trainer.callbacks+=tests.helpers.SignalAtBatch", "--trainer.callbacks.epoch=1",
+            "--trainer.callbacks.batch=4", "--trainer.callbacks.signum=15"]  # fmt: skip
+    stopped = subprocess.run(
+        [sys.executable, str(ROOT / "train.py"), *args, *stop], cwd=tmp_path, capture_output=True, text=True, timeout=300
+    )
+    assert stopped.returncode == 143, stopped.stderr[-2000:]  # 128 + SIGTERM: stopped, not finished
+    run_cli(*args, "--ckpt_path=last", cwd=tmp_path)
+    load = lambda d: torch.load(d / "logs/mine/version_0/checkpoints/last.ckpt", weights_only=True)  # noqa: E731
+    full, resumed = load(tmp_path / "full"), load(tmp_path)
+    assert resumed["global_step"] == full["global_step"] == 20
+    assert same_state(full["state_dict"], resumed["state_dict"])
 
 
-def test_unknown_option_is_rejected_with_its_name(capsys: pytest.CaptureFixture) -> None:
-    with pytest.raises(SystemExit):
-        TemplateCLI(args=["--config", str(ROOT / "configs/simple_cnn.yaml"), "--model.init_args.lrr=0.1"], run=False)
-    assert "lrr" in capsys.readouterr().err
+def test_any_torch_optimizer_from_the_command_line_or_a_yaml(tmp_path: Path, monkeypatch, fashion_mnist_dir) -> None:
+    monkeypatch.chdir(tmp_path)
+    weights = save_random_weights(ResNetClassifier, tmp_path / "rgb.pth")
+    quick = ["--trainer.max_epochs=1", "--trainer.limit_train_batches=2", "--trainer.limit_val_batches=1",
+             "--trainer.enable_progress_bar=false", f"--model.weights={weights}"]  # fmt: skip
+    transfer = ["--config", str(ROOT / "configs/resnet_fmnist_small.yaml"), "--config", str(ROOT / "configs/presets/transfer.yaml")]
+    flags = ["--model.optimizer=torch.optim.SGD", "--model.optimizer.lr=0.05", "--model.optimizer.momentum=0.9"]
+    (tmp_path / "sgd.yaml").write_text(
+        "model:\n  init_args:\n    optimizer:\n      class_path: torch.optim.SGD\n"
+        "      init_args: {lr: 0.05, momentum: 0.9, nesterov: true}\n"
+    )
+    for extra in (flags, ["--config", "sgd.yaml"]):
+        cli = TemplateCLI(args=["fit", *transfer, *extra, *quick])
+        optimizer = cli.trainer.optimizers[0]
+        assert isinstance(optimizer, torch.optim.SGD) and optimizer.defaults["momentum"] == 0.9
+        assert [g["name"] for g in optimizer.param_groups] == ["head", "head_no_decay"]  # stage 1: the head only
+        assert optimizer.param_groups[0]["initial_lr"] == 0.05
 
 
-def test_optimizer_flag_of_lightning_cli_is_refused(tmp_path: Path) -> None:
-    # The model builds its optimizer (named param groups that TwoStageFinetuning extends); a
-    # CLI-level --optimizer would silently replace it, so it is not accepted.
-    config = str(ROOT / "configs/resnet_fmnist_transfer.yaml")
-    result = subprocess.run(
-        [sys.executable, str(ROOT / "train.py"), "fit", "--config", config, "--optimizer=SGD"],
-        cwd=tmp_path, capture_output=True, text=True, timeout=120,
+def test_other_loggers_get_the_final_metrics(tmp_path: Path, fashion_mnist_dir) -> None:
+    result = run_cli(
+        "fit", "--config", str(ROOT / "configs/simple_cnn.yaml"), "--trainer.max_epochs=1", *QUICK,
+        "--trainer.logger=lightning.pytorch.loggers.CSVLogger", cwd=tmp_path,
     )  # fmt: skip
-    assert result.returncode == 2 and "unrecognized arguments: --optimizer=SGD" in result.stderr
+    assert "logs (CSVLogger): logs/simple_cnn/version_0" in result.stdout
+    metrics = (tmp_path / "logs/simple_cnn/version_0/metrics.csv").read_text()
+    assert "final/test_acc" in metrics.splitlines()[0] and "lr-AdamW/head" in metrics
+
+
+def test_bad_options_fail_before_any_data_loads(capsys) -> None:
+    config = ["--config", str(ROOT / "configs/simple_cnn.yaml")]
+    with pytest.raises(SystemExit):
+        TemplateCLI(args=[*config, "--model.init_args.lrr=0.1"], run=False)
+    assert "lrr" in capsys.readouterr().err
+    with pytest.raises(ValueError, match=r"cosine needs a finite run: set trainer.max_epochs"):
+        TemplateCLI(args=[*config, "--trainer.max_epochs=-1"], run=False)

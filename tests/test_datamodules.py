@@ -1,14 +1,21 @@
 from __future__ import annotations
 
+import gc
 import gzip
+import itertools
+import json
 import shutil
+import weakref
 from pathlib import Path
 
 import pytest
 import torch
 import torchvision
+from lightning import seed_everything
 
-from datamodules import FashionMNISTDataModule
+from datamodules import FashionMNISTDataModule, ImageFolderDataModule, MNISTDataModule, TextClassificationDataModule
+from datamodules.text import BucketSampler
+from models import SimpleCNN
 from datamodules.files import DatasetNotFoundError
 from datamodules.idx import ALL_FILES, read_idx
 from datamodules.in_memory import random_crop_flip
@@ -119,3 +126,53 @@ class TestResolutionOrder:
         dm = FashionMNISTDataModule(data_dir=str(tmp_path))
         with pytest.raises(ValueError, match=r"train-labels-idx1-ubyte\.gz: truncated or corrupt"):
             dm.setup("fit")
+
+
+def test_digits_are_not_mirrored_but_clothes_may_be() -> None:
+    assert not MNISTDataModule(augment=True).horizontal_flip
+    assert FashionMNISTDataModule(augment=True).horizontal_flip
+
+
+def test_a_finished_run_releases_its_datamodule(quick_trainer, fashion_mnist_dir) -> None:
+    """Several fits in one process (a sweep) must not keep every run's dataset alive."""
+    datamodule = FashionMNISTDataModule()
+    quick_trainer(limit_train_batches=1).fit(SimpleCNN(), datamodule=datamodule)
+    alive = weakref.ref(datamodule)
+    del datamodule
+    gc.collect()
+    assert alive() is None
+
+
+def test_bucket_batches_are_full_but_the_last_and_never_repeat_a_sample() -> None:
+    lengths = list(range(1, 34))  # 33 samples, batch 32: one full batch and a batch of one
+    for world_size in (1, 2):
+        per_rank = [list(BucketSampler(lengths, 32, 4, shard=(world_size, rank))) for rank in range(world_size)]
+        assert len({len(order) for order in per_rank} | {33 // world_size + 1}) <= 2  # equal batch counts
+        for order in per_rank:
+            batches = [order[i : i + 32] for i in range(0, len(order), 32)]
+            assert all(len(set(batch)) == len(batch) for batch in batches)  # no sample twice in one step
+            assert all(len(batch) == 32 for batch in batches[:-1])
+        assert set().union(*map(set, per_rank)) == set(range(33))
+
+
+def test_vocabulary_comes_from_the_training_part_only(tmp_path: Path) -> None:
+    records = [{"text": f"common word{i}", "label": "a" if i % 2 else "b"} for i in range(40)]
+    (tmp_path / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    dm = TextClassificationDataModule(train_file=str(tmp_path / "train.jsonl"), val_fraction=0.25, min_freq=1)
+    dm.setup("fit")
+    held_out_words = {dm.tokenizer.split(text)[1] for text, _ in dm.held_out_records}
+    assert len(dm.splits["val"]) == 10 and len(held_out_words) == 10
+    assert not held_out_words & set(dm.tokenizer.vocab)  # they are <unk> for the model, as new text would be
+    assert {"common"} <= set(dm.tokenizer.vocab)
+
+
+def test_worker_augmentation_follows_the_seed_not_the_workers(image_tree: Path) -> None:
+    def first_batches(seed: int, workers: int) -> list[torch.Tensor]:
+        seed_everything(seed)
+        dm = ImageFolderDataModule(root=str(image_tree), image_size=24, batch_size=8, num_workers=workers)
+        dm.setup("fit")
+        return [images for images, _ in itertools.islice(dm.train_dataloader(), 3)]
+
+    with_workers, without = first_batches(5, workers=2), first_batches(5, workers=0)
+    assert all(torch.equal(a, b) for a, b in zip(with_workers, without, strict=True))
+    assert not torch.equal(first_batches(6, workers=2)[0], with_workers[0])

@@ -10,7 +10,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from callbacks import ExactResume
 from tests.conftest import ROOT, run_cli
+from tests.helpers import max_difference
 
 # Same data, seed and global batch (64) for every run below; no dropout, so runs can match.
 COMMON = [
@@ -28,10 +30,6 @@ PARITY_TOLERANCE = 1e-4
 def _final_state(workdir: Path) -> dict[str, torch.Tensor]:
     checkpoint = torch.load(workdir / "logs/simple_cnn/version_0/checkpoints/last.ckpt", weights_only=False)
     return checkpoint["state_dict"]
-
-
-def _max_difference(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
-    return max((a[k].float() - b[k].float()).abs().max().item() for k in a)
 
 
 @pytest.fixture(scope="module")
@@ -53,7 +51,7 @@ def test_ddp_preset_runs_two_processes_and_rank_zero_reports(ddp_run: tuple[Path
 def test_two_processes_match_one_process_with_the_same_global_batch(ddp_run, tmp_path: Path) -> None:
     ddp_dir, _ = ddp_run
     run_cli("fit", *COMMON, "--data.batch_size=64", cwd=tmp_path)
-    assert _max_difference(_final_state(tmp_path), _final_state(ddp_dir)) < PARITY_TOLERANCE
+    assert max_difference(_final_state(tmp_path), _final_state(ddp_dir)) < PARITY_TOLERANCE
 
 
 @pytest.mark.slow
@@ -67,4 +65,31 @@ def test_torchrun_launches_the_same_training(ddp_run, tmp_path: Path) -> None:
     result = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.count("test accuracy:") == 1
-    assert _max_difference(_final_state(tmp_path), _final_state(ddp_dir)) == 0.0  # same processes, same math
+    assert max_difference(_final_state(tmp_path), _final_state(ddp_dir)) == 0.0  # same processes, same math
+
+
+@pytest.mark.slow
+def test_ddp_spawn_fits_tests_and_reports_in_one_run_folder(tmp_path: Path, fashion_mnist_dir) -> None:
+    result = run_cli(
+        "fit", *COMMON, "--trainer.strategy=ddp_spawn", "--trainer.accelerator=cpu", "--trainer.devices=2",
+        "--data.batch_size=32", cwd=tmp_path,
+    )  # fmt: skip
+    assert "best checkpoint: logs/simple_cnn/version_0/checkpoints/epoch=0-val_acc=" in result.stdout
+    assert result.stdout.count("test accuracy:") == 1
+    assert [p.name for p in (tmp_path / "logs" / "simple_cnn").iterdir()] == ["version_0"]
+
+
+def test_ranks_draw_their_own_random_numbers_reproducibly() -> None:
+    """Dropout masks and augmentation offsets differ between DDP ranks, and repeat for the same (seed, epoch, rank)."""
+
+    class At:
+        current_epoch = 2
+
+        def __init__(self, rank: int) -> None:
+            self.global_rank = rank
+
+    draws = []
+    for rank in (0, 1, 0):
+        ExactResume().on_train_epoch_start(At(rank), None)
+        draws.append(torch.rand(4))
+    assert not torch.equal(draws[0], draws[1]) and torch.equal(draws[0], draws[2])

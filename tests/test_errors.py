@@ -1,4 +1,4 @@
-"""Bad input and failing runs: each gives an error that names the file or option and the fix."""
+"""Bad input and failing runs: each gives an error that names the file or option and the fix, and loses nothing."""
 
 from __future__ import annotations
 
@@ -9,10 +9,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from lightning import Trainer, seed_everything
-from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning import Callback, seed_everything
 
-from callbacks import FiniteLossGuard, NonFiniteLossError
+from callbacks import ExactResume, FiniteLossGuard, NonFiniteLossError, ResumeCheckpoint
 from datamodules import FashionMNISTDataModule
 from datamodules.idx import ALL_FILES
 from models import ResNetClassifier, SimpleCNN
@@ -20,23 +19,50 @@ from tests.conftest import ROOT
 from train import TemplateCLI
 
 
-def _trainer(**kwargs) -> Trainer:
-    defaults = dict(max_epochs=1, limit_train_batches=30, limit_val_batches=1, logger=False, enable_progress_bar=False)
-    return Trainer(**{**defaults, "enable_model_summary": False, **kwargs})
+class Fault(Callback):
+    """At global step `step`: poison the batch with NaN (a diverged run), or raise KeyboardInterrupt in the
+    middle of the step (a second Ctrl-C)."""
+
+    def __init__(self, step: int, kind: str) -> None:
+        self.step, self.kind = step, kind
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx: int) -> None:
+        if trainer.global_step == self.step and self.kind == "nan":
+            batch[0].fill_(float("nan"))
+
+    def on_before_backward(self, trainer, pl_module, loss) -> None:
+        if trainer.global_step == self.step and self.kind == "interrupt":
+            raise KeyboardInterrupt
 
 
-def test_nan_loss_stops_the_run_naming_step_and_causes(tmp_path: Path, fashion_mnist_dir) -> None:
+def _fit_until_fault(tmp_path: Path, quick_trainer, fault: Fault | None, ckpt_path: str | None = None):
     seed_everything(0)
-    checkpoint = ModelCheckpoint(dirpath=tmp_path, save_last=True)
-    trainer = _trainer(callbacks=[FiniteLossGuard(), checkpoint])
-    model = SimpleCNN(optimizer="sgd", lr=1e3, schedule="constant")  # diverges within a few steps
+    callbacks = [ExactResume(), ResumeCheckpoint(dirpath=tmp_path), FiniteLossGuard(), *([fault] if fault else [])]
+    trainer = quick_trainer(max_epochs=2, limit_train_batches=5, callbacks=callbacks)
+    trainer.fit(SimpleCNN(), datamodule=FashionMNISTDataModule(), ckpt_path=ckpt_path)
+    return trainer
+
+
+def test_nan_loss_stops_before_the_step_and_keeps_the_last_good_checkpoint(
+    tmp_path: Path, quick_trainer, fashion_mnist_dir
+) -> None:
     with pytest.raises(NonFiniteLossError) as err:
-        trainer.fit(model, datamodule=FashionMNISTDataModule())
+        _fit_until_fault(tmp_path, quick_trainer, Fault(step=7, kind="nan"))
     message = str(err.value)
-    assert "Loss became nan in epoch 0, batch" in message
-    assert "--model.lr" in message and "normalized" in message and "labels outside" in message
-    assert trainer.global_step < 30  # stopped at once, not at the end of the epoch
-    assert not list(tmp_path.glob("*.ckpt"))  # no checkpoint of NaN weights was written
+    assert "Loss became nan in epoch 1, batch 2 (optimizer step 7)" in message
+    assert "--model.optimizer.lr" in message and "normalized" in message and "labels outside" in message
+    checkpoint = torch.load(tmp_path / "last.ckpt", weights_only=True)
+    assert checkpoint["global_step"] == 5  # epoch 0's: the failing step wrote nothing
+    assert all(torch.isfinite(v).all() for v in checkpoint["state_dict"].values())
+    resumed = _fit_until_fault(tmp_path, quick_trainer, None, ckpt_path=str(tmp_path / "last.ckpt"))
+    assert resumed.global_step == 10
+
+
+def test_abort_in_the_middle_of_a_step_writes_no_half_checkpoint(tmp_path: Path, quick_trainer, fashion_mnist_dir) -> None:
+    _fit_until_fault(tmp_path, quick_trainer, Fault(step=7, kind="interrupt"))  # Lightning stops on KeyboardInterrupt
+    checkpoint = torch.load(tmp_path / "last.ckpt", weights_only=True)
+    progress = checkpoint["loops"]["fit_loop"]["epoch_loop.batch_progress"]["current"]
+    assert checkpoint["global_step"] == 5 and progress["started"] == progress["processed"]
 
 
 def test_label_outside_the_classes_names_split_and_examples(tmp_path: Path, fashion_mnist_dir: Path) -> None:
@@ -51,15 +77,6 @@ def test_label_outside_the_classes_names_split_and_examples(tmp_path: Path, fash
         FashionMNISTDataModule(data_dir=str(tmp_path)).setup("fit")
 
 
-def test_data_dir_without_the_dataset_offline(tmp_path: Path, monkeypatch) -> None:
-    import torchvision
-
-    monkeypatch.setattr(torchvision.datasets.FashionMNIST, "mirrors", ["http://127.0.0.1:9/"])
-    monkeypatch.setattr(FashionMNISTDataModule, "system_dirs", ())
-    with pytest.raises(FileNotFoundError, match=r"Fix: put train-images-idx3-ubyte\.gz"):
-        FashionMNISTDataModule(data_dir=str(tmp_path / "missing")).prepare_data()
-
-
 def test_idx_header_that_lies_about_its_size(tmp_path: Path) -> None:
     from datamodules.idx import read_idx
 
@@ -70,25 +87,29 @@ def test_idx_header_that_lies_about_its_size(tmp_path: Path) -> None:
 
 @pytest.fixture(scope="module")
 def simple_cnn_checkpoint(tmp_path_factory, fashion_mnist_dir) -> Path:
+    from lightning import Trainer
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
     directory = tmp_path_factory.mktemp("ckpt")
-    _trainer(limit_train_batches=2, callbacks=[ModelCheckpoint(dirpath=directory)]).fit(
-        SimpleCNN(), datamodule=FashionMNISTDataModule()
-    )
+    trainer = Trainer(
+        max_epochs=1, limit_train_batches=2, limit_val_batches=1, logger=False, enable_progress_bar=False,
+        callbacks=[ModelCheckpoint(dirpath=directory)],
+    )  # fmt: skip
+    trainer.fit(SimpleCNN(), datamodule=FashionMNISTDataModule())
     return next(directory.glob("*.ckpt"))
 
 
-def test_checkpoint_of_another_model_lists_the_mismatched_keys(simple_cnn_checkpoint: Path) -> None:
-    trainer = _trainer()
+def test_checkpoint_of_another_model_lists_the_mismatched_keys(simple_cnn_checkpoint: Path, quick_trainer) -> None:
     model = ResNetClassifier(num_classes=10, input_shape=(1, 28, 28))
-    with pytest.raises(RuntimeError, match=r"Missing key\(s\) in state_dict: \"net\.backbone\.conv1\.weight\""):
-        trainer.validate(model, datamodule=FashionMNISTDataModule(), ckpt_path=simple_cnn_checkpoint)
+    with pytest.raises(RuntimeError, match=r"Missing key\(s\) in state_dict: \"net\.conv1\.weight\""):
+        quick_trainer().validate(model, datamodule=FashionMNISTDataModule(), ckpt_path=simple_cnn_checkpoint)
 
 
-def test_checkpoint_with_other_class_count_names_the_layer(simple_cnn_checkpoint: Path) -> None:
+def test_checkpoint_with_other_class_count_names_the_layer(simple_cnn_checkpoint: Path, quick_trainer) -> None:
     datamodule = FashionMNISTDataModule(classes=[5, 6, 7, 8, 9])
     model = SimpleCNN(num_classes=datamodule.num_classes)
-    with pytest.raises(RuntimeError, match=r"size mismatch for net\.head\.3\.weight"):
-        _trainer().validate(model, datamodule=datamodule, ckpt_path=simple_cnn_checkpoint)
+    with pytest.raises(RuntimeError, match=r"size mismatch for net\.fc\.weight"):
+        quick_trainer().validate(model, datamodule=datamodule, ckpt_path=simple_cnn_checkpoint)
 
 
 def test_corrupt_checkpoint_is_refused_before_anything_runs(simple_cnn_checkpoint: Path, tmp_path: Path) -> None:
@@ -101,13 +122,23 @@ def test_corrupt_checkpoint_is_refused_before_anything_runs(simple_cnn_checkpoin
         TemplateCLI(args=[*args, f"--ckpt_path={tmp_path / 'nope.ckpt'}"])
 
 
-def test_weights_only_loading_of_outside_files(tmp_path: Path) -> None:
-    class Payload:
-        def __reduce__(self):
-            return (print, ("code ran while loading",))
+def test_interrupted_checkpoint_write_leaves_the_previous_file_intact(
+    tmp_path: Path, quick_trainer, fashion_mnist_dir, monkeypatch
+) -> None:
+    _fit_until_fault(tmp_path, quick_trainer, None)
+    before = (tmp_path / "last.ckpt").read_bytes()
+    import fsspec.implementations.local as local
 
-    torch.save({"conv1.weight": Payload()}, tmp_path / "evil.pth")
-    from models.resnet import WeightsError
+    original = local.LocalFileOpener.write
 
-    with pytest.raises(WeightsError, match=r"evil\.pth: not a readable torch file"):
-        ResNetClassifier(input_shape=(3, 32, 32), weights=str(tmp_path / "evil.pth"))
+    def write_half_then_crash(self, data):
+        original(self, data[: len(data) // 2])
+        raise OSError("disk full")
+
+    monkeypatch.setattr(local.LocalFileOpener, "write", write_half_then_crash)
+    seed_everything(0)
+    trainer = quick_trainer(max_epochs=3, limit_train_batches=5, callbacks=[ResumeCheckpoint(dirpath=tmp_path)])
+    with pytest.raises(OSError, match="disk full"):
+        trainer.fit(SimpleCNN(), datamodule=FashionMNISTDataModule(), ckpt_path=str(tmp_path / "last.ckpt"))
+    monkeypatch.undo()
+    assert (tmp_path / "last.ckpt").read_bytes() == before  # written to a temporary file, renamed only when complete

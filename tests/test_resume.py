@@ -158,3 +158,17 @@ def test_rng_state_of_this_device_only(monkeypatch) -> None:
     states = rng_states()
     set_rng_states(states)
     assert torch.equal(states["cuda"], device_state) and len(restored) == 1
+
+
+def test_same_seed_same_run_and_another_seed_another(tmp_path: Path, fashion_mnist_dir) -> None:
+    runs = []
+    for i, seed in enumerate((7, 7, 8)):
+        seed_everything(seed)
+        trainer = Trainer(
+            max_epochs=1, limit_train_batches=6, limit_val_batches=2, logger=False, enable_checkpointing=False,
+            enable_progress_bar=False, enable_model_summary=False, deterministic=True, callbacks=[ExactResume()],
+        )  # fmt: skip
+        trainer.fit(SimpleCNN(), datamodule=FashionMNISTDataModule(batch_size=32, augment=True))
+        runs.append((trainer.callback_metrics["val_loss"].item(), trainer.lightning_module.state_dict()))
+    assert runs[0][0] == runs[1][0] and same_state(runs[0][1], runs[1][1])
+    assert runs[0][0] != runs[2][0]  # the seed matters, so the check above is real

@@ -8,10 +8,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from lightning import Trainer, seed_everything
+from lightning import seed_everything
 from lightning.pytorch.callbacks import ModelCheckpoint
 
-from datamodules.fortunes import build as build_fortunes
 from datamodules.text import BucketSampler, TextClassificationDataModule, WordTokenizer
 from models import TransformerClassifier
 from models.transformer import MultiHeadSelfAttention
@@ -81,17 +80,17 @@ def test_tokenizer_round_trips_known_words() -> None:
 
 def test_bucketing_shards_ranks_and_cuts_padding() -> None:
     lengths = [int(x) for x in torch.randint(1, 120, (1000,), generator=torch.Generator().manual_seed(0))]
-    per_rank = [list(BucketSampler(lengths, 16, 50, num_replicas=2, rank=r, seed=3)) for r in (0, 1)]
+    per_rank = [list(BucketSampler(lengths, 16, 50, seed=3, shard=(2, r))) for r in (0, 1)]
     assert len(per_rank[0]) == len(per_rank[1]) and set(per_rank[0]) | set(per_rank[1]) == set(range(1000))
 
     def padding_waste(order: list[int]) -> float:
         batches = [order[i : i + 16] for i in range(0, len(order), 16)]
         return sum(max(lengths[j] for j in b) * len(b) - sum(lengths[j] for j in b) for b in batches) / sum(lengths)
 
-    bucketed = list(BucketSampler(lengths, 16, 50, num_replicas=1, rank=0, seed=3))
+    bucketed = list(BucketSampler(lengths, 16, 50, seed=3))
     shuffled = torch.randperm(1000, generator=torch.Generator().manual_seed(3)).tolist()
     assert padding_waste(bucketed) < 0.2 * padding_waste(shuffled)
-    sampler = BucketSampler(lengths, 16, 50, num_replicas=1, rank=0, seed=3)
+    sampler = BucketSampler(lengths, 16, 50, seed=3)
     sampler.set_epoch(1)
     assert list(sampler) != bucketed  # a new order every epoch ...
     sampler.set_epoch(0)
@@ -114,25 +113,12 @@ def test_text_file_errors_name_the_file_and_fix(tmp_path: Path) -> None:
         dm.setup("fit")
 
 
-@pytest.fixture(scope="module")
-def fortunes_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    if not Path("/usr/share/games/fortunes/computers").is_file():
-        pytest.fail("The text tests need Debian's fortunes: `apt-get install fortunes`.")
-    out = tmp_path_factory.mktemp("fortunes")
-    build_fortunes(out, topics=("computers", "startrek", "food"))
-    return out
-
-
-def test_vocabulary_and_labels_survive_a_checkpoint(tmp_path: Path, fortunes_dir: Path) -> None:
+def test_vocabulary_and_labels_survive_a_checkpoint(tmp_path: Path, fortunes_dir: Path, quick_trainer) -> None:
     seed_everything(0)
     dm = TextClassificationDataModule(train_file=str(fortunes_dir / "train.jsonl"), batch_size=16)
     model = TransformerClassifier(num_classes=dm.num_classes, vocab_size=dm.vocab_size, dim=32, depth=1)
-    trainer = Trainer(
-        max_epochs=1, limit_train_batches=3, limit_val_batches=1, logger=False, enable_progress_bar=False,
-        enable_model_summary=False, callbacks=[ModelCheckpoint(dirpath=tmp_path)],
-    )  # fmt: skip
-    trainer.fit(model, datamodule=dm)
-    restored = TextClassificationDataModule(vocab_from_checkpoint=str(next(tmp_path.glob("*.ckpt"))))
+    quick_trainer(callbacks=[ModelCheckpoint(dirpath=tmp_path)], limit_train_batches=3).fit(model, datamodule=dm)
+    restored = TextClassificationDataModule(state_from_checkpoint=str(next(tmp_path.glob("*.ckpt"))))
     assert restored.tokenizer.vocab == dm.tokenizer.vocab and restored.class_names == ["computers", "food", "startrek"]
     text = "Star Trek's captain ate the computer"
     assert restored.tokenizer.encode(text, 20) == dm.tokenizer.encode(text, 20)
