@@ -62,7 +62,8 @@ class FiniteLossGuard(Callback):
 
     @staticmethod
     def _stop(trainer: Trainer, what: str) -> None:
-        batch = trainer.fit_loop.epoch_loop.batch_idx + 1
+        batch = trainer.fit_loop.epoch_loop.batch_idx
         raise NonFiniteLossError(
-            f"{what} in epoch {trainer.current_epoch}, batch {batch} (optimizer step {trainer.global_step}). {ADVICE}"
+            f"{what} in epoch {trainer.current_epoch}, batch_idx {batch} (optimizer step {trainer.global_step})."
+            f" {ADVICE}"
         )

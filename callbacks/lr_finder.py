@@ -46,4 +46,6 @@ class LRFinder(LearningRateFinder):
         else:
             for group in optimizer.param_groups:
                 group["lr"] *= factor
-        rank_zero_info(f"LRFinder: peak learning rate {configured:.3g} -> {suggestion:.3g} (every param group x {factor:.3g}).")
+        rank_zero_info(
+            f"LRFinder: peak learning rate {configured:.3g} -> {suggestion:.3g} (every param group x {factor:.3g})."
+        )

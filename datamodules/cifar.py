@@ -48,7 +48,12 @@ class CIFAR10DataModule(InMemoryImageDataModule):
     all_class_names = ("airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck")
 
     def __init__(
-        self, data_dir: str = "data", augment: bool = True, crop_padding: int = 4, horizontal_flip: bool = True, **kwargs
+        self,
+        data_dir: str = "data",
+        augment: bool = True,
+        crop_padding: int = 4,
+        horizontal_flip: bool = True,
+        **kwargs,
     ) -> None:
         """
         Args:

@@ -169,7 +169,10 @@ class ClassificationModule(LightningModule):
         for name, parameter in self.net.named_parameters():
             if parameter.requires_grad and (id(parameter) in in_classifier) == (part == "head"):
                 (no_decay if parameter.ndim < 2 or name in exempt else decay).append(parameter)
-        groups = [{"params": decay, "name": part}, {"params": no_decay, "name": f"{part}_no_decay", "weight_decay": 0.0}]
+        groups = [
+            {"params": decay, "name": part},
+            {"params": no_decay, "name": f"{part}_no_decay", "weight_decay": 0.0},
+        ]
         return [group for group in groups if group["params"]]
 
     def configure_optimizers(self) -> dict[str, Any]:

@@ -31,7 +31,9 @@ class ResNetNet(ClassifierNet):
         resnet = torchvision.models.get_model(arch)
         if input_shape[0] != 3:
             old = resnet.conv1
-            resnet.conv1 = nn.Conv2d(input_shape[0], old.out_channels, old.kernel_size, old.stride, old.padding, bias=False)
+            resnet.conv1 = nn.Conv2d(
+                input_shape[0], old.out_channels, old.kernel_size, old.stride, old.padding, bias=False
+            )
         for name, module in resnet.named_children():
             if name not in {"avgpool", "fc"}:
                 self.add_module(name, module)

@@ -36,7 +36,9 @@ class SimpleCNNNet(ClassifierNet):
         # flatten size, so 1x28x28, 3x32x32 or any other input size just works.
         with torch.no_grad():
             flat_features = self.features(torch.zeros(1, *input_shape)).shape[1]
-        self.pre_logits = nn.Sequential(nn.Linear(flat_features, hidden), nn.ReLU(inplace=True), nn.Dropout(2 * dropout))
+        self.pre_logits = nn.Sequential(
+            nn.Linear(flat_features, hidden), nn.ReLU(inplace=True), nn.Dropout(2 * dropout)
+        )
         self.fc = nn.Linear(hidden, num_classes)
 
     def forward_features(self, images: torch.Tensor) -> torch.Tensor:

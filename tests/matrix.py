@@ -8,6 +8,7 @@ whose interruption is a SIGKILL: `python -m tests.matrix CELL_JSON DIRECTORY`.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import os
@@ -102,9 +103,7 @@ def fit(cell: Cell, directory: Path, image_root: Path, *extra: Callback, ckpt_pa
     if cell.stage != "plain":
         callbacks.append(TwoStageFinetuning(unfreeze_at_epoch=1, backbone_warmup_epochs=0.5))
     if cell.trigger in ("step-checkpoint", "sigkill"):
-        callbacks.append(
-            ModelCheckpoint(dirpath=directory, filename="{step}", every_n_train_steps=2, save_top_k=-1)
-        )
+        callbacks.append(ModelCheckpoint(dirpath=directory, filename="{step}", every_n_train_steps=2, save_top_k=-1))
     if cell.trigger == "mid-epoch-validation":
         callbacks.append(ModelCheckpoint(dirpath=directory, filename="val-{step}", save_top_k=-1))
     trainer = Trainer(
@@ -126,10 +125,8 @@ def interrupt(cell: Cell, directory: Path, image_root: Path) -> Path:
         fit(cell, directory, image_root, StopAfterEpoch(epoch))
         return directory / "last.ckpt"
     if cell.trigger == "sigterm":
-        try:
+        with contextlib.suppress(SystemExit):  # Lightning's graceful stop
             fit(cell, directory, image_root, SignalAtBatch(epoch, mid_batch, signal.SIGTERM))
-        except SystemExit:  # Lightning's graceful stop
-            pass
         return directory / "last.ckpt"
     if cell.trigger == "sigkill":
         import subprocess

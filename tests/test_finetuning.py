@@ -55,7 +55,9 @@ def test_train_bn_lets_batchnorm_statistics_move(quick_trainer, resnet_weights) 
     _, model = _resnet_fit(quick_trainer, resnet_weights, TwoStageFinetuning(unfreeze_at_epoch=5, train_bn=True), 1)
     after = _frozen_part(model)
     assert not torch.equal(before["bn1.running_mean"], after["bn1.running_mean"])
-    assert torch.equal(before["bn1.weight"], after["bn1.weight"]) and torch.equal(before["conv1.weight"], after["conv1.weight"])
+    assert torch.equal(before["bn1.weight"], after["bn1.weight"]) and torch.equal(
+        before["conv1.weight"], after["conv1.weight"]
+    )
 
 
 def test_unfreezing_adds_named_backbone_groups_at_the_ratio(tmp_path: Path, quick_trainer, resnet_weights) -> None:
@@ -84,6 +86,7 @@ def test_plateau_of_the_monitored_metric_triggers_unfreezing(quick_trainer, resn
     assert finetuning.plateaued and finetuning.unfrozen_at_epoch == 2
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("stop_epoch", [0, 1], ids=["stopped-in-stage-1", "stopped-after-unfreezing"])
 def test_resnet_resume_in_either_stage_matches_an_uninterrupted_run(
     tmp_path: Path, quick_trainer, resnet_weights, stop_epoch: int
@@ -103,7 +106,9 @@ def test_resnet_resume_in_either_stage_matches_an_uninterrupted_run(
     assert [(g["name"], g["lr"]) for g in full_groups] == [(g["name"], g["lr"]) for g in resumed_groups]
 
 
-def test_vit_from_a_checkpoint_trains_its_head_then_everything(tmp_path: Path, quick_trainer, fashion_mnist_dir) -> None:
+def test_vit_from_a_checkpoint_trains_its_head_then_everything(
+    tmp_path: Path, quick_trainer, fashion_mnist_dir
+) -> None:
     kwargs = dict(input_shape=(1, 28, 28), patch_size=7, dim=32, depth=1)
     weights = str(save_random_weights(TransformerClassifier, tmp_path / "vit.pt", **kwargs))
     model = TransformerClassifier(num_classes=10, weights=weights, **kwargs)
@@ -127,6 +132,12 @@ def test_refuses_random_weights_and_models_without_the_seam(quick_trainer, fashi
         def __init__(self) -> None:
             super().__init__()
             self.layer = torch.nn.Linear(784, 10)
+
+        def training_step(self, batch, batch_idx):
+            return self.layer(batch[0].flatten(1).float()).mean()
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
 
     with pytest.raises(TypeError, match="needs a ClassificationModule whose `net` has the classifier seam"):
         quick_trainer(callbacks=[TwoStageFinetuning()]).fit(NoSeam(), datamodule=FashionMNISTDataModule())

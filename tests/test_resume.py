@@ -68,7 +68,9 @@ def test_resume_matrix(cell, tmp_path, image_tree, references, fashion_mnist_dir
 
 def teardown_module() -> None:
     if len(RESULTS) > 1:
-        print("\n\nexact-resume matrix\n" + "\n".join(f"{cell:<60} {result}" for cell, result in sorted(RESULTS.items())))
+        print(
+            "\n\nexact-resume matrix\n" + "\n".join(f"{cell:<60} {result}" for cell, result in sorted(RESULTS.items()))
+        )
 
 
 # -- single regressions, fast --------------------------------------------------------------------
@@ -162,7 +164,7 @@ def test_rng_state_of_this_device_only(monkeypatch) -> None:
 
 def test_same_seed_same_run_and_another_seed_another(tmp_path: Path, fashion_mnist_dir) -> None:
     runs = []
-    for i, seed in enumerate((7, 7, 8)):
+    for seed in (7, 7, 8):
         seed_everything(seed)
         trainer = Trainer(
             max_epochs=1, limit_train_batches=6, limit_val_batches=2, logger=False, enable_checkpointing=False,

@@ -37,8 +37,8 @@ def test_every_preset_runs_a_few_steps(preset: Path, tmp_path: Path, monkeypatch
         args += ["--trainer.accelerator=cpu", "--trainer.devices=1"]
     if preset.name == "overfit.yaml":
         args += ["--trainer.max_epochs=2"]
-    if preset.name == "lr_find.yaml":  # the sweep needs its 100 steps
-        args += ["--trainer.limit_train_batches=100", "--trainer.max_epochs=2"]
+    if preset.name == "lr_find.yaml":  # a short sweep: 20 steps
+        args += ["--trainer.callbacks.init_args.num_training_steps=20", "--trainer.limit_train_batches=20"]
     cli = TemplateCLI(args=args)
     assert cli.trainer.global_step > 0
     if preset.name == "lr_find.yaml":
@@ -56,12 +56,9 @@ def test_every_preset_runs_a_few_steps(preset: Path, tmp_path: Path, monkeypatch
 @pytest.mark.slow
 def test_overfit_preset_drives_the_training_loss_to_zero(tmp_path: Path, monkeypatch, fashion_mnist_dir) -> None:
     monkeypatch.chdir(tmp_path)
-    cli = TemplateCLI(
-        args=[
-            "fit", "--config", str(ROOT / "configs/simple_cnn.yaml"), "--config", str(ROOT / "configs/presets/overfit.yaml"),
-            "--trainer.overfit_batches=2", "--trainer.enable_progress_bar=false", "--test_after_fit=false",
-        ]
-    )  # fmt: skip
+    configs = ["--config", str(ROOT / "configs/simple_cnn.yaml"), "--config", str(ROOT / "configs/presets/overfit.yaml")]
+    flags = ["--trainer.overfit_batches=2", "--trainer.enable_progress_bar=false", "--test_after_fit=false"]
+    cli = TemplateCLI(args=["fit", *configs, *flags])
     assert cli.trainer.callback_metrics["train_loss"].item() < 0.01  # stopped by the threshold, not early stopping
     assert cli.trainer.current_epoch < 200
 
@@ -92,8 +89,15 @@ def test_export_round_trips_for_each_model_family(name: str, tmp_path: Path, for
     assert "FAILED" not in result.stdout
 
 
+@pytest.mark.slow
 def test_fit_writes_images_hparams_and_scalars_tensorboard_can_list(tmp_path: Path, fashion_mnist_dir) -> None:
-    args = ["--config", str(ROOT / "configs/simple_cnn.yaml"), *QUICK, "--data.augment=true", "--trainer.log_every_n_steps=1"]
+    args = [
+        "--config",
+        str(ROOT / "configs/simple_cnn.yaml"),
+        *QUICK,
+        "--data.augment=true",
+        "--trainer.log_every_n_steps=1",
+    ]
     run_cli("fit", *args, cwd=tmp_path)
     run_dir = tmp_path / "logs/simple_cnn/version_0"
     assert {"train/augmented_batch", "val/confusion_matrix"} <= event_tags(run_dir, "images")
@@ -102,6 +106,7 @@ def test_fit_writes_images_hparams_and_scalars_tensorboard_can_list(tmp_path: Pa
     assert "_hparams_/experiment" in event_tags(run_dir, "hparams")  # the HPARAMS tab
 
 
+@pytest.mark.slow
 def test_predict_with_the_main_config_writes_a_csv(tmp_path: Path, fashion_mnist_dir) -> None:
     config = ["--config", str(ROOT / "configs/simple_cnn.yaml")]
     run_cli("fit", *config, *QUICK, cwd=tmp_path)
@@ -117,6 +122,7 @@ def test_predict_with_the_main_config_writes_a_csv(tmp_path: Path, fashion_mnist
     assert list(rows[0])[3:] == [f"p_{name}" for name in names]
 
 
+@pytest.mark.slow
 def test_predict_on_an_image_folder_writes_names_and_probabilities(tmp_path: Path, image_tree: Path) -> None:
     weights = save_random_weights(ResNetClassifier, tmp_path / "resnet18.pth")
     images = sorted((image_tree / "val" / "sneaker").glob("*.png"))[:5]
@@ -137,4 +143,3 @@ def test_predict_on_an_image_folder_writes_names_and_probabilities(tmp_path: Pat
     assert [Path(r["input"]).name for r in rows] == [f"photo{i}.png" for i in range(5)]
     assert list(rows[0]) == ["input", "prediction", "probability", "p_sneaker", "p_trouser", "p_tshirt"]
     assert all(abs(sum(float(r[f"p_{c}"]) for c in ("sneaker", "trouser", "tshirt")) - 1) < 1e-3 for r in rows)
-
