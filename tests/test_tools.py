@@ -56,7 +56,8 @@ def test_every_preset_runs_a_few_steps(preset: Path, tmp_path: Path, monkeypatch
 @pytest.mark.slow
 def test_overfit_preset_drives_the_training_loss_to_zero(tmp_path: Path, monkeypatch, fashion_mnist_dir) -> None:
     monkeypatch.chdir(tmp_path)
-    configs = ["--config", str(ROOT / "configs/simple_cnn.yaml"), "--config", str(ROOT / "configs/presets/overfit.yaml")]
+    presets = ROOT / "configs" / "presets"
+    configs = ["--config", str(ROOT / "configs/simple_cnn.yaml"), "--config", str(presets / "overfit.yaml")]
     flags = ["--trainer.overfit_batches=2", "--trainer.enable_progress_bar=false", "--test_after_fit=false"]
     cli = TemplateCLI(args=["fit", *configs, *flags])
     assert cli.trainer.callback_metrics["train_loss"].item() < 0.01  # stopped by the threshold, not early stopping
