@@ -58,7 +58,8 @@ def test_overfit_preset_drives_the_training_loss_to_zero(tmp_path: Path, monkeyp
     monkeypatch.chdir(tmp_path)
     presets = ROOT / "configs" / "presets"
     configs = ["--config", str(ROOT / "configs/simple_cnn.yaml"), "--config", str(presets / "overfit.yaml")]
-    flags = ["--trainer.overfit_batches=2", "--trainer.enable_progress_bar=false", "--test_after_fit=false"]
+    flags = ["--trainer.overfit_batches=2", "--data.batch_size=32", "--trainer.enable_progress_bar=false"]
+    flags += ["--test_after_fit=false"]
     cli = TemplateCLI(args=["fit", *configs, *flags])
     assert cli.trainer.callback_metrics["train_loss"].item() < 0.01  # stopped by the threshold, not early stopping
     assert cli.trainer.current_epoch < 200
@@ -90,17 +91,18 @@ def test_export_round_trips_for_each_model_family(name: str, tmp_path: Path, for
     assert "FAILED" not in result.stdout
 
 
+@pytest.fixture(scope="module")
+def main_run(tmp_path_factory: pytest.TempPathFactory, fashion_mnist_dir) -> Path:
+    """A short run of the main config with augmentation, logging every step."""
+    workdir = tmp_path_factory.mktemp("main")
+    args = ["--config", str(ROOT / "configs/simple_cnn.yaml"), "--data.augment=true", "--trainer.log_every_n_steps=1"]
+    run_cli("fit", *args, *QUICK, cwd=workdir)
+    return workdir
+
+
 @pytest.mark.slow
-def test_fit_writes_images_hparams_and_scalars_tensorboard_can_list(tmp_path: Path, fashion_mnist_dir) -> None:
-    args = [
-        "--config",
-        str(ROOT / "configs/simple_cnn.yaml"),
-        *QUICK,
-        "--data.augment=true",
-        "--trainer.log_every_n_steps=1",
-    ]
-    run_cli("fit", *args, cwd=tmp_path)
-    run_dir = tmp_path / "logs/simple_cnn/version_0"
+def test_fit_writes_images_hparams_and_scalars_tensorboard_can_list(main_run: Path) -> None:
+    run_dir = main_run / "logs/simple_cnn/version_0"
     assert {"train/augmented_batch", "val/confusion_matrix"} <= event_tags(run_dir, "images")
     assert {"train_loss", "val_loss", "val_acc", "lr-AdamW/head", "final/val_acc"} <= event_tags(run_dir)
     assert "val/confusion_matrix/text_summary" in event_tags(run_dir, "tensors")  # the table with class names
@@ -108,15 +110,13 @@ def test_fit_writes_images_hparams_and_scalars_tensorboard_can_list(tmp_path: Pa
 
 
 @pytest.mark.slow
-def test_predict_with_the_main_config_writes_a_csv(tmp_path: Path, fashion_mnist_dir) -> None:
-    config = ["--config", str(ROOT / "configs/simple_cnn.yaml")]
-    run_cli("fit", *config, *QUICK, cwd=tmp_path)
+def test_predict_with_the_main_config_writes_a_csv(main_run: Path) -> None:
     result = run_cli(
-        "predict", *config, f"--ckpt_path={_checkpoint(tmp_path, 'simple_cnn')}", "--trainer.limit_predict_batches=2",
-        "--trainer.enable_progress_bar=false", cwd=tmp_path,
+        "predict", "--config", str(ROOT / "configs/simple_cnn.yaml"), "--trainer.limit_predict_batches=2",
+        f"--ckpt_path={_checkpoint(main_run, 'simple_cnn')}", "--trainer.enable_progress_bar=false", cwd=main_run,
     )  # fmt: skip
     assert "predictions written to predictions.csv" in result.stdout
-    with open(tmp_path / "predictions.csv", newline="") as f:
+    with open(main_run / "predictions.csv", newline="") as f:
         rows = list(csv.DictReader(f))
     names = FashionMNISTDataModule.all_class_names
     assert len(rows) == 256 and rows[0]["input"] == "test[0]" and {r["prediction"] for r in rows} <= set(names)
