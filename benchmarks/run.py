@@ -72,7 +72,7 @@ def median_after_warmup(times: list[float]) -> tuple[float, float]:
 def bare_loop_epochs(datamodule: FashionMNISTDataModule, epochs: int, batches: int, loader: Any = None) -> list[float]:
     """The classic loop: zero_grad / forward / loss / backward / step."""
     torch.manual_seed(42)
-    net = SimpleCNN(lr=0.002, weight_decay=0.05).net.to(DEVICE)
+    net = SimpleCNN().net.to(DEVICE)
     optimizer = torch.optim.AdamW(net.parameters(), lr=0.002, weight_decay=0.05)
     loss_fn = torch.nn.CrossEntropyLoss()
     loader = loader or datamodule.train_dataloader()
