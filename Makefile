@@ -3,11 +3,12 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 CONFIG ?= configs/simple_cnn.yaml
+ARGS ?=
 # glibc's default malloc thresholds make CPU timings swing by +-30%; these pin them.
 export MALLOC_MMAP_THRESHOLD_ ?= 33554432
 export MALLOC_TRIM_THRESHOLD_ ?= 1073741824
 
-.PHONY: install data train test bench lint format clean transfer text-data
+.PHONY: install data train test matrix bench lint format clean transfer text-data
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -22,10 +23,14 @@ data: install
 	$(BIN)/python -c "import datamodules as d; d.FashionMNISTDataModule().prepare_data()"
 
 train: data
-	$(BIN)/python train.py fit --config $(CONFIG)
+	$(BIN)/python train.py fit --config $(CONFIG) $(ARGS)
 
 test: install
 	$(BIN)/python -m pytest
+
+# The whole exact-resume fault-injection matrix (60 cells, about 5 minutes), with its table.
+matrix: install
+	$(BIN)/python -m pytest tests/test_resume.py -m matrix -s -q
 
 bench: data
 	$(BIN)/python -m benchmarks.run
@@ -42,11 +47,13 @@ clean:
 	rm -rf logs lightning_logs .pytest_cache
 
 # Transfer-learning recipe (README): pretrain on classes 0-4, fine-tune on 100 images/class of 5-9, compare to scratch.
+# Steps 2 and 3 are the same job; step 2 stacks the two-stage fine-tuning preset on it.
 transfer: data
 	$(BIN)/python train.py fit --config configs/resnet_fmnist_pretrain.yaml
-	$(BIN)/python train.py fit --config configs/resnet_fmnist_transfer.yaml \
+	$(BIN)/python train.py fit --config configs/resnet_fmnist_small.yaml --config configs/presets/transfer.yaml \
+		--trainer.logger.init_args.name resnet_fmnist_transfer \
 		--model.weights "$$(ls -t logs/resnet_fmnist_pretrain/*/checkpoints/last.ckpt | head -n 1)"
-	$(BIN)/python train.py fit --config configs/resnet_fmnist_scratch.yaml
+	$(BIN)/python train.py fit --config configs/resnet_fmnist_small.yaml --trainer.logger.init_args.name resnet_fmnist_scratch
 
 # Real text data for configs/transformer_text.yaml: fortune cookies by topic (Debian's `fortunes`).
 text-data: install

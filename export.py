@@ -92,7 +92,8 @@ def main() -> None:
         print("onnx        skipped: pip install -e '.[export]' (onnx, onnxruntime)")
 
     torch.save(net.state_dict(), out / "net_state_dict.pt")
-    (out / "net_hparams.json").write_text(json.dumps({"class": type(model).__name__, **model.hparams}, indent=2))
+    hparams = {k: v for k, v in model.hparams.items() if not k.startswith("_")}  # not the CLI's bookkeeping
+    (out / "net_hparams.json").write_text(json.dumps({"class": type(model).__name__, **hparams}, indent=2))
     bare = copy.deepcopy(net)
     for tensor in bare.state_dict().values():
         tensor.zero_()  # prove the file, not the copy, restores the weights

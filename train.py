@@ -86,7 +86,6 @@ class TemplateCLI(LightningCLI):
         else:
             parser_kwargs.update({**defaults, **parser_kwargs})
         kwargs.setdefault("trainer_defaults", {"callbacks": installed_callbacks()})
-        kwargs.setdefault("seed_everything_default", 42)
         kwargs.setdefault("save_config_kwargs", {"overwrite": True})  # a rerun in the same folder may rewrite it
         # The model builds its optimizer (`--model.optimizer`, named param groups): no top-level --optimizer.
         kwargs.setdefault("auto_configure_optimizers", False)
@@ -118,15 +117,18 @@ class TemplateCLI(LightningCLI):
         model_args = getattr(config.get("model"), "init_args", None)
         if model_args is not None and "schedule" in model_args:
             trainer = config.trainer
-            max_epochs = trainer.get("max_epochs")
-            check_run_length(model_args.schedule, -1 if max_epochs is None else max_epochs, trainer.get("max_steps"))
+            check_run_length(model_args.schedule, trainer.get("max_epochs"), trainer.get("max_steps"))
         if config.get("ckpt_path") == "last":
             self._resolve_last_checkpoint(config, subcommand)
         checkpoint = config.get("ckpt_path")
         if not checkpoint:
             return
-        if checkpoint not in {"best", "last", "hpc"}:
-            _check_checkpoint_file(Path(checkpoint))
+        if checkpoint in {"best", "last", "hpc"}:
+            return
+        _check_checkpoint_file(Path(checkpoint))
+        if model_args is not None and model_args.get("weights"):
+            # The checkpoint's weights replace them anyway: do not read (or download) them again.
+            model_args.weights = None
         data_args = getattr(config.get("data"), "init_args", None)
         if data_args is not None and CHECKPOINT_STATE_ARG in data_args:
             # What the checkpoint was trained with (a vocabulary), not one rebuilt from today's files.
@@ -156,6 +158,13 @@ class TemplateCLI(LightningCLI):
         if subcommand == "fit" and "version" in init_args:
             init_args.version = candidates[-1].parent.parent.name
         rank_zero_info(f"Resuming from {config.ckpt_path}")
+
+    def before_instantiate_classes(self) -> None:
+        subcommand = self.config.get("subcommand")
+        config = self.config[subcommand] if subcommand else self.config
+        if not config.trainer.get("logger"):  # --trainer.logger false: nothing to monitor learning rates into
+            callbacks = self.trainer_defaults.get("callbacks", [])
+            self.trainer_defaults["callbacks"] = [c for c in callbacks if not isinstance(c, LearningRateMonitor)]
 
     def before_fit(self) -> None:
         # Fix the run's version folder now: a spawning launcher (ddp_spawn) would otherwise let each

@@ -1,20 +1,20 @@
 """Bit-exact resume, from a checkpoint written at an epoch end, at a step, at a mid-epoch
-validation, or on SIGTERM / Ctrl-C in the middle of an epoch.
+validation, or on SIGTERM / Ctrl-C in the middle of an epoch; on one process or under DDP.
 
 What a resumed run must reproduce, and how:
 - the order of samples: the samplers in `datamodules/sampling.py` derive it from
   (seed, epoch) and skip the batches Lightning's restored loop says are done;
-- random numbers of the training step (dropout, on-device augmentation): re-seeded from
-  (seed, epoch, rank) at every epoch start, and the generator states are saved in the
-  checkpoint for a restart in the middle of an epoch; worker-side augmentation is seeded
-  per sample (`datamodules.sampling.seeded_sample`);
+- random numbers of the training step (dropout, on-device augmentation): every batch
+  draws from a generator seeded by (seed, epoch, batch, rank), so there is no generator
+  state to save, and each DDP rank has its own stream; worker-side augmentation is
+  seeded per sample (`datamodules.sampling.seeded_sample`);
 - model, optimizer, scheduler and loop state: Lightning's checkpoint.
 
 Stopping: SIGTERM (cluster pre-emption, `kill`) and the first Ctrl-C stop at the next
-optimizer-step boundary (never between the micro-batches of one accumulated step) and
-`ResumeCheckpoint` writes `last.ckpt` there; a second Ctrl-C aborts at once and writes a
-checkpoint only if the loop happens to be at such a boundary. A checkpoint is never written
-in the middle of a step or with non-finite weights.
+optimizer-step boundary (never between the micro-batches of one accumulated step), all
+DDP ranks at the same one, and `ResumeCheckpoint` writes `last.ckpt` there; a second
+Ctrl-C aborts at once and writes a checkpoint only if the loop happens to be at such a
+boundary. A checkpoint is never written in the middle of a step or with non-finite weights.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ import numpy as np
 import torch
 from lightning import Callback, LightningModule, Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
 from datamodules.sampling import EpochSampler, derive_seed, global_seed
@@ -40,37 +41,17 @@ def seed_all(seed: int) -> None:
     torch.manual_seed(seed)  # also seeds every CUDA device
 
 
-def rng_states() -> dict[str, Any]:
-    """Generator states in types `torch.load(weights_only=True)` accepts. On a GPU only this
-    process's device: each DDP rank saves and restores its own."""
-    name, keys, position, has_gauss, cached = np.random.get_state()
-    return {
-        "python": random.getstate(),
-        "numpy": (name, torch.from_numpy(keys.astype(np.int64)), position, has_gauss, cached),
-        "torch": torch.get_rng_state(),
-        "cuda": torch.cuda.get_rng_state() if torch.cuda.is_available() else None,
-    }
+def closes_accumulation_window(trainer: Trainer) -> bool:
+    """Whether the current (or just finished) batch is the last micro-batch of an optimizer step.
 
-
-def set_rng_states(states: dict[str, Any]) -> None:
-    random.setstate(states["python"])
-    name, keys, position, has_gauss, cached = states["numpy"]
-    np.random.set_state((name, keys.numpy().astype(np.uint32), position, has_gauss, cached))
-    torch.set_rng_state(states["torch"])
-    if isinstance(states.get("cuda"), torch.Tensor) and torch.cuda.is_available():
-        torch.cuda.set_rng_state(states["cuda"])
+    Lightning's own rule (it also steps on an epoch's last, incomplete window)."""
+    return not trainer.fit_loop.epoch_loop._should_accumulate()
 
 
 def at_step_boundary(trainer: Trainer) -> bool:
     """No step is half done: no batch between forward and end, no accumulated gradient pending."""
     progress = trainer.fit_loop.epoch_loop.batch_progress.current
-    done = progress.processed
-    window_closed = done % trainer.accumulate_grad_batches == 0 or done >= trainer.num_training_batches
-    return progress.started == progress.processed and window_closed
-
-
-def weights_are_finite(pl_module: LightningModule) -> bool:
-    return all(torch.isfinite(p).all() for p in pl_module.parameters())
+    return progress.started == progress.processed and closes_accumulation_window(trainer)
 
 
 class ResumeCheckpoint(ModelCheckpoint):
@@ -82,14 +63,18 @@ class ResumeCheckpoint(ModelCheckpoint):
         kwargs = {"filename": "last", "enable_version_counter": False, "save_on_exception": True, **kwargs}
         super().__init__(**kwargs)
 
+    def on_load_checkpoint(self, trainer: Trainer, pl_module: LightningModule, checkpoint: dict[str, Any]) -> None:
+        # The file already holds this step: a resume refused at start must not overwrite it.
+        self._last_global_step_saved = checkpoint["global_step"]
+
     def _save_checkpoint(self, trainer: Trainer, filepath: str) -> None:
-        if trainer.training and not at_step_boundary(trainer):
+        if trainer.state.fn == TrainerFn.FITTING and not at_step_boundary(trainer):
             rank_zero_warn(
                 f"{filepath}: not written in the middle of an optimizer step (between micro-batches of an"
                 " accumulated step, or inside a failing one); the previous checkpoint stays."
             )
             return
-        if not weights_are_finite(trainer.lightning_module):
+        if not all(torch.isfinite(p).all() for p in trainer.lightning_module.parameters()):
             rank_zero_warn(f"{filepath}: not written, the weights are not finite; the previous checkpoint stays.")
             return
         super()._save_checkpoint(trainer, filepath)
@@ -100,22 +85,21 @@ class ExactResume(Callback):
         self._trainer: Trainer | None = None
         self._saved: dict[str, Any] | None = None
         self._previous_handlers: dict[int, Any] = {}
-        self._pending_stop = False
+        self._stop_requested = False
 
-    # -- checkpoint state ------------------------------------------------------------------
+    # -- checkpoint state: what the epoch consumed, to refuse a resume that cannot skip it exactly --
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         self._trainer = trainer
 
     def state_dict(self) -> dict[str, Any]:
-        state: dict[str, Any] = {"rng": rng_states()}
         trainer = self._trainer
-        if trainer is not None and trainer.train_dataloader is not None:
-            state.update(
-                batch_size=trainer.train_dataloader.batch_size,
-                world_size=trainer.world_size,
-                batches_done=trainer.fit_loop.epoch_loop.batch_progress.current.processed,
-            )
-        return state
+        if trainer is None or trainer.train_dataloader is None:
+            return {}
+        return {
+            "batch_size": trainer.train_dataloader.batch_size,
+            "world_size": trainer.world_size,
+            "batches_done": trainer.fit_loop.epoch_loop.batch_progress.current.processed,
+        }
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self._saved = state_dict
@@ -139,11 +123,9 @@ class ExactResume(Callback):
                 " Resume from an epoch-end checkpoint instead."
             )
         self._check_same_batches(trainer)
-        set_rng_states(self._saved["rng"])
-        rank_zero_info(
-            f"ExactResume: continuing epoch {trainer.current_epoch} after"
-            f" {trainer.fit_loop.epoch_loop.batch_progress.current.processed} batches."
-        )
+        done = trainer.fit_loop.epoch_loop.batch_progress.current.processed
+        self._seed_batch(trainer, done)
+        rank_zero_info(f"ExactResume: continuing epoch {trainer.current_epoch} after {done} batches.")
 
     def _check_same_batches(self, trainer: Trainer) -> None:
         """Mid-epoch, the batches already trained are skipped: that needs the same batches."""
@@ -158,18 +140,34 @@ class ExactResume(Callback):
                 " --trainer.devices/num_nodes, or from a checkpoint written at the end of an epoch."
             )
 
+    # -- one random stream per (seed, epoch, batch, rank) ---------------------------------------
+    @staticmethod
+    def _seed_batch(trainer: Trainer, batch: int) -> None:
+        seed_all(derive_seed(global_seed(), trainer.current_epoch, batch, trainer.global_rank))
+
     def on_train_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        # Shuffling, dropout and augmentation of an epoch then depend on nothing before it;
-        # each rank draws its own dropout masks and augmentation offsets.
-        seed_all(derive_seed(global_seed(), trainer.current_epoch, trainer.global_rank))
+        self._seed_batch(trainer, 0)
+
+    def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, *args: Any) -> None:
+        # Seeded here, not at batch start: the next batch is augmented on the device before that hook runs.
+        self._seed_batch(trainer, trainer.fit_loop.epoch_loop.batch_progress.current.processed)
+        if closes_accumulation_window(trainer):
+            self._stop_if_requested(trainer)
+
+    def on_validation_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if trainer.state.fn == TrainerFn.FITTING and not trainer.sanity_checking:  # validation inside an epoch
+            self._seed_batch(trainer, trainer.fit_loop.epoch_loop.batch_progress.current.processed)
+
+    def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._stop_if_requested(trainer)
 
     # -- graceful stop -----------------------------------------------------------------------
     def _install_signal_handlers(self) -> None:
-        # Installed after Lightning's own SIGTERM handler, which is called once a stop is due.
+        # Replaces Lightning's SIGTERM handler for the run: a stop is decided at a step boundary.
         if threading.current_thread() is not threading.main_thread():
             return
         self._previous_handlers = {
-            signal.SIGTERM: signal.signal(signal.SIGTERM, self._defer_stop),
+            signal.SIGTERM: signal.signal(signal.SIGTERM, self._request_stop),
             signal.SIGINT: signal.signal(signal.SIGINT, self._graceful_sigint),
         }
 
@@ -183,30 +181,19 @@ class ExactResume(Callback):
         signal.signal(signal.SIGINT, signal.default_int_handler)
         os.kill(os.getpid(), signal.SIGTERM)
 
-    def _defer_stop(self, signum: int, frame: Any) -> None:
-        self._pending_stop = True
-        if self._trainer is not None and at_step_boundary(self._trainer):
-            self._release_stop(self._trainer)  # between steps already: stop as soon as Lightning looks
+    def _request_stop(self, signum: int, frame: Any) -> None:
+        self._stop_requested = True  # no collective call inside a signal handler: decided at the boundary
 
-    def _release_stop(self, trainer: Trainer) -> None:
-        if not self._pending_stop:
-            return
-        self._pending_stop = False
-        lightning_handler = self._previous_handlers.get(signal.SIGTERM)
-        if callable(lightning_handler):  # stops DDP children too, and sets trainer.received_sigterm
-            lightning_handler(signal.SIGTERM, None)
-        else:
-            trainer.received_sigterm = True
+    def _stop_if_requested(self, trainer: Trainer) -> None:
+        requested = self._stop_requested
+        if trainer.world_size > 1:  # every rank stops at the same step if any rank was asked to
+            requested = trainer.strategy.reduce_boolean_decision(requested, all=False)
+        if requested:
+            rank_zero_info(f"Stopping after optimizer step {trainer.global_step} (SIGTERM or Ctrl-C).")
+            trainer._signal_connector.received_sigterm = True  # Lightning raises SIGTERMException next
 
-    def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, *args: Any) -> None:
-        if at_step_boundary(trainer):
-            self._release_stop(trainer)
-
-    def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        self._release_stop(trainer)
-
-    def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+    def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._restore_signal_handlers()
 
     def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
-        self._restore_signal_handlers()  # teardown is not called when fit ends by an exception
+        self._restore_signal_handlers()

@@ -26,6 +26,7 @@ from lightning.pytorch.utilities import rank_zero_info
 from torch import nn
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
+from callbacks.exact_resume import closes_accumulation_window
 from models.schedule import WarmupSchedule, steps_per_epoch
 
 
@@ -100,7 +101,7 @@ class TwoStageFinetuning(Callback):
         if stage != "fit":
             return
         backbone = self._backbone(pl_module)
-        if pl_module.hparams.get("weights") is None:
+        if pl_module.hparams.get("weights") is None and trainer.ckpt_path is None:
             raise ValueError(
                 "TwoStageFinetuning: the model starts from random weights (--model.weights is null), so stage 1"
                 " would train a classifier on random features. Give --model.weights (a torchvision weights name for"
@@ -151,8 +152,7 @@ class TwoStageFinetuning(Callback):
     def on_after_backward(self, trainer: Trainer, pl_module: LightningModule) -> None:
         if not self.unfrozen or trainer.world_size == 1:
             return
-        started = trainer.fit_loop.epoch_loop.batch_progress.current.started
-        if started % trainer.accumulate_grad_batches and started < trainer.num_training_batches:
+        if not closes_accumulation_window(trainer):
             return  # a micro-batch inside an accumulation window: DDP does not reduce yet either
         grads = [p.grad for p in self._backbone(pl_module) if p.grad is not None]
         if grads:  # one all-reduce for the whole backbone

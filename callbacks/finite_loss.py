@@ -45,8 +45,12 @@ class FiniteLossGuard(Callback):
         self.non_finite_in_a_row = 0
 
     def on_before_backward(self, trainer: Trainer, pl_module: LightningModule, loss: torch.Tensor) -> None:
-        # One host sync per micro-batch: cheap next to a training step.
-        if torch.isfinite(loss).item():
+        # One host sync per micro-batch: cheap next to a training step. Under DDP every rank stops
+        # together (a rank that stopped alone would leave the others waiting in the all-reduce).
+        finite = bool(torch.isfinite(loss).item())
+        if trainer.world_size > 1:
+            finite = trainer.strategy.reduce_boolean_decision(finite, all=True)
+        if finite:
             self.non_finite_in_a_row = 0
             return
         self.non_finite_in_a_row += 1

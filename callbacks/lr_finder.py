@@ -32,6 +32,9 @@ class LRFinder(LearningRateFinder):
         super().__init__(min_lr, max_lr, num_training_steps, update_attr=False, **kwargs)
 
     def on_fit_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if trainer.ckpt_path is not None:  # the sweep would replace the restored training state
+            rank_zero_info("LRFinder: resuming from a checkpoint, so no sweep; its learning rates continue.")
+            return
         super().on_fit_start(trainer, pl_module)
         suggestion = self.optimal_lr.suggestion() if self.optimal_lr is not None else None
         if suggestion is None:

@@ -53,11 +53,11 @@ class EpochSampler(DistributedSampler):
     """A shuffle whose order is a function of (seed, epoch) alone, resumable in the middle of an epoch.
 
     The epoch and the batches already trained in it are read from the Trainer's fit loop when
-    iteration starts, not from `set_epoch`: Lightning restores its loop from the checkpoint
-    before it draws the first index, while it calls `set_epoch` only after the DataLoader's
-    workers have prefetched (Lightning #21938). A resumed run thus skips exactly the batches
-    it already trained, in the right epoch. Under DDP each rank gets its own shard of the
-    same permutation.
+    iteration starts, not from `set_epoch` (which Lightning calls only after the DataLoader's
+    workers have prefetched, Lightning #21938). A resumed run thus skips exactly the batches it
+    already trained, in the right epoch, provided the iterator is created after the loop was
+    restored: `callbacks.ExactResume` starts it again at train start when workers prefetched
+    earlier. Under DDP each rank gets its own shard of the same permutation.
     """
 
     def __init__(

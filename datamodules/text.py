@@ -215,18 +215,19 @@ class TextClassificationDataModule(SplitLoaders, LightningDataModule):
         self.predict_texts: list[str] = []
         self.train_records: list[tuple[str, str | None]] = []
         self.held_out_records: list[tuple[str, str | None]] = []
-        # Vocabulary and labels are needed now: train.py links them into the model.
-        if state_from_checkpoint is not None:
-            checkpoint = torch.load(state_from_checkpoint, map_location="cpu", weights_only=True)
-            self.load_state_dict(checkpoint[type(self).__qualname__])
-        elif train_file is not None:
+        if train_file is not None:
             self.train_records = read_records(Path(train_file), text_column, label_column)
-            if val_file is None:  # hold out before building the vocabulary: no validation word may leak into it
+            if val_file is None:  # held out before the vocabulary is built: no validation word may leak into it
                 order = torch.randperm(len(self.train_records), generator=torch.Generator().manual_seed(split_seed))
                 held_out = set(order[: max(1, round(val_fraction * len(order)))].tolist())
                 records = self.train_records
                 self.held_out_records = [r for i, r in enumerate(records) if i in held_out]
                 self.train_records = [r for i, r in enumerate(records) if i not in held_out]
+        # Vocabulary and labels are needed now: train.py links them into the model.
+        if state_from_checkpoint is not None:  # what the model was trained with, whatever the files say now
+            checkpoint = torch.load(state_from_checkpoint, map_location="cpu", weights_only=True)
+            self.load_state_dict(checkpoint[type(self).__qualname__])
+        elif self.train_records:
             self.tokenizer = WordTokenizer.build([text for text, _ in self.train_records], max_vocab, min_freq)
             self.class_names = sorted({label for _, label in self.train_records + self.held_out_records})
         else:

@@ -20,6 +20,11 @@ from datamodules.idx import read_idx
 ROOT = Path(__file__).resolve().parents[1]
 SYSTEM_FASHION_MNIST = Path("/usr/share/datasets/fashion-mnist")
 TOPICS = ("computers", "food", "startrek")
+# A few real batches per stage, for CLI runs (`--trainer.max_epochs` is each test's own).
+QUICK = [
+    "--trainer.limit_train_batches=10", "--trainer.limit_val_batches=4", "--trainer.limit_test_batches=4",
+    "--trainer.enable_progress_bar=false", "--trainer.log_every_n_steps=5",
+]  # fmt: skip
 
 
 @pytest.fixture(scope="session")

@@ -23,13 +23,14 @@ class StopAfterEpoch(Callback):
 
 
 class SignalAtBatch(Callback):
-    """Sends a real signal to this process after batch `batch` of epoch `epoch`, as `kill` would."""
+    """Sends a real signal to this process after batch `batch` of epoch `epoch`, as `kill` would
+    (under DDP only to rank `rank`, if given)."""
 
-    def __init__(self, epoch: int, batch: int, signum: int) -> None:
-        self.epoch, self.batch, self.signum = epoch, batch, signum
+    def __init__(self, epoch: int, batch: int, signum: int, rank: int | None = None) -> None:
+        self.epoch, self.batch, self.signum, self.rank = epoch, batch, signum, rank
 
     def on_train_batch_end(self, trainer: Trainer, pl_module, outputs, batch, batch_idx: int) -> None:
-        if (trainer.current_epoch, batch_idx) == (self.epoch, self.batch):
+        if (trainer.current_epoch, batch_idx) == (self.epoch, self.batch) and self.rank in (None, trainer.global_rank):
             os.kill(os.getpid(), self.signum)
 
 

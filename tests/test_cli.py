@@ -13,16 +13,12 @@ from lightning.pytorch.callbacks import EarlyStopping, LearningRateMonitor
 
 from callbacks import ExactResume, FiniteLossGuard, ResumeCheckpoint
 from models import ResNetClassifier, SimpleCNN
-from tests.conftest import ROOT, run_cli, save_random_weights
+from tests.conftest import QUICK, ROOT, run_cli, save_random_weights
 from tests.helpers import event_tags, same_state, scalar_steps
 from train import TemplateCLI
 
 CONFIGS = sorted((ROOT / "configs").glob("*.yaml"))
 JOBS = [c for c in CONFIGS if c.name != "defaults.yaml"]
-QUICK = [
-    "--trainer.limit_train_batches=20", "--trainer.limit_val_batches=8", "--trainer.limit_test_batches=8",
-    "--trainer.enable_progress_bar=false", "--trainer.log_every_n_steps=5",
-]  # fmt: skip
 SHARED = ("logger", "ModelCheckpoint", "EarlyStopping", "LearningRateMonitor", "save_dir", "seed_everything")
 
 
@@ -66,7 +62,7 @@ def test_print_config_still_shows_everything(capsys) -> None:
 
 @pytest.fixture(scope="module")
 def fitted(tmp_path_factory: pytest.TempPathFactory, fashion_mnist_dir) -> tuple[Path, str]:
-    """One short real run of the main config (2 epochs x 20 batches), shared by the tests below."""
+    """One short real run of the main config (2 epochs x 10 batches), shared by the tests below."""
     workdir = tmp_path_factory.mktemp("run")
     result = run_cli(
         "fit", "--config", str(ROOT / "configs/simple_cnn.yaml"), "--trainer.max_epochs=2", *QUICK, cwd=workdir
@@ -104,16 +100,16 @@ def test_validate_reproduces_best_checkpoint_score(fitted: tuple[Path, str]) -> 
 def test_fit_resumes_from_last_at_the_next_epoch(fitted: tuple[Path, str]) -> None:
     workdir, _ = fitted
     run_dir = workdir / "logs" / "simple_cnn" / "version_0"
-    assert torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == 40
+    assert torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == 20
     old_event_files, old_versions = set(run_dir.glob("events.out.tfevents.*")), set(run_dir.parent.iterdir())
     run_cli(
         "fit", "--config", str(ROOT / "configs/simple_cnn.yaml"), "--ckpt_path=last", "--trainer.max_epochs=3",
         "--test_after_fit=false", *QUICK, cwd=workdir,
     )  # fmt: skip
-    assert torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == 60
+    assert torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == 30
     assert set(run_dir.parent.iterdir()) == old_versions  # the same run folder continues
     steps = scalar_steps(sorted(set(run_dir.glob("events.out.tfevents.*")) - old_event_files), "train_loss")
-    assert steps and min(steps) > 40 and max(steps) < 60  # the resumed process trained only the third epoch
+    assert steps and min(steps) > 20 and max(steps) < 30  # the resumed process trained only the third epoch
 
 
 @pytest.mark.slow
@@ -179,6 +175,16 @@ def test_other_loggers_get_the_final_metrics(tmp_path: Path, fashion_mnist_dir) 
     assert "logs (CSVLogger): logs/simple_cnn/version_0" in result.stdout
     metrics = (tmp_path / "logs/simple_cnn/version_0/metrics.csv").read_text()
     assert "final/test_acc" in metrics.splitlines()[0] and "lr-AdamW/head" in metrics
+
+
+def test_runs_without_a_logger(tmp_path: Path, monkeypatch, fashion_mnist_dir) -> None:
+    monkeypatch.chdir(tmp_path)
+    flags = ["--trainer.max_epochs=1", "--trainer.limit_train_batches=2", "--trainer.limit_val_batches=1"]
+    cli = TemplateCLI(
+        args=["fit", "--config", str(ROOT / "configs/simple_cnn.yaml"), "--trainer.logger=false", *flags,
+              "--test_after_fit=false", "--trainer.enable_progress_bar=false"]
+    )  # fmt: skip
+    assert cli.trainer.global_step == 2 and not any(isinstance(c, LearningRateMonitor) for c in cli.trainer.callbacks)
 
 
 def test_bad_options_fail_before_any_data_loads(capsys) -> None:

@@ -14,7 +14,15 @@ import torch
 import torchvision
 from lightning import seed_everything
 
-from datamodules import FashionMNISTDataModule, ImageFolderDataModule, MNISTDataModule, TextClassificationDataModule
+import datamodules
+from datamodules import (
+    CIFAR10DataModule,
+    FashionMNISTDataModule,
+    ImageFolderDataModule,
+    MNISTDataModule,
+    TextClassificationDataModule,
+)
+from datamodules.contract import ClassificationData, ImageData, TextData
 from datamodules.files import DatasetNotFoundError
 from datamodules.idx import ALL_FILES, read_idx
 from datamodules.in_memory import random_crop_flip
@@ -180,3 +188,19 @@ def test_worker_augmentation_follows_the_seed_not_the_workers(image_tree: Path) 
     with_workers, without = first_batches(5, workers=2), first_batches(5, workers=0)
     assert all(torch.equal(a, b) for a, b in zip(with_workers, without, strict=True))
     assert not torch.equal(first_batches(6, workers=2)[0], with_workers[0])
+
+
+def test_every_datamodule_meets_the_contract(image_tree: Path, fortunes_dir: Path) -> None:
+    """What train.py links into the model and the predictions CSV reads, available right after __init__."""
+    built = {
+        "FashionMNISTDataModule": FashionMNISTDataModule(),
+        "MNISTDataModule": MNISTDataModule(),
+        "CIFAR10DataModule": CIFAR10DataModule(),
+        "ImageFolderDataModule": ImageFolderDataModule(root=str(image_tree)),
+        "TextClassificationDataModule": TextClassificationDataModule(train_file=str(fortunes_dir / "train.jsonl")),
+    }
+    assert set(datamodules.__all__) - {"InMemoryImageDataModule"} == set(built)  # the abstract base aside
+    for name, datamodule in built.items():
+        assert isinstance(datamodule, ClassificationData), name
+        assert isinstance(datamodule, ImageData) != isinstance(datamodule, TextData), name
+        assert len(datamodule.class_names) == datamodule.num_classes > 1, name

@@ -19,7 +19,6 @@ from lightning import Callback, Trainer, seed_everything
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from callbacks import ExactResume, ResumeCheckpoint
-from callbacks.exact_resume import rng_states, set_rng_states
 from datamodules import FashionMNISTDataModule
 from models import SimpleCNN
 from tests import matrix
@@ -93,12 +92,13 @@ def _fit(directory: Path, *callbacks, ckpt_path: str | None = None, **trainer_kw
 def test_sigint_stops_gracefully_and_restores_the_handler(tmp_path: Path, fashion_mnist_dir) -> None:
     previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
-        with pytest.raises(SystemExit):  # Lightning's graceful stop after the current step
+        with pytest.raises(SystemExit):  # Lightning's graceful stop, at the next step boundary
             _fit(tmp_path, SignalAtBatch(epoch=1, batch=4, signum=signal.SIGINT))
         assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
     finally:
         signal.signal(signal.SIGINT, previous)
-    assert torch.load(tmp_path / "last.ckpt", weights_only=True)["global_step"] == 8 + 5
+    # Signalled after ExactResume looked at batch 4's end: the stop comes at the next boundary.
+    assert torch.load(tmp_path / "last.ckpt", weights_only=True)["global_step"] == 8 + 6
 
 
 def test_sigterm_inside_an_accumulation_window_stops_at_its_end(tmp_path: Path, fashion_mnist_dir) -> None:
@@ -133,6 +133,25 @@ def test_other_batch_size_mid_epoch_is_refused_with_the_fix(tmp_path: Path, fash
         _fit(tmp_path, SignalAtBatch(epoch=0, batch=3, signum=signal.SIGTERM))
     with pytest.raises(ValueError, match=r"batch_size 32 -> 16.*original --data.batch_size"):
         _fit(tmp_path, batch_size=16, ckpt_path=str(tmp_path / "last.ckpt"))
+    # The refusal left the checkpoint as it was: the advice works.
+    assert _fit(tmp_path, ckpt_path=str(tmp_path / "last.ckpt")).global_step == 24
+
+
+def test_last_checkpoint_is_never_written_inside_an_accumulation_window(tmp_path: Path, fashion_mnist_dir) -> None:
+    """A validation after batch 3 with accumulation 2 falls inside a step: last.ckpt waits for the next one."""
+
+    class LastCheckpointSteps(Callback):
+        def __init__(self) -> None:
+            self.seen: list[int | None] = []
+
+        def on_train_batch_start(self, trainer: Trainer, pl_module, batch, batch_idx: int) -> None:
+            last = tmp_path / "last.ckpt"
+            self.seen.append(torch.load(last, weights_only=True)["global_step"] if last.exists() else None)
+
+    seen = LastCheckpointSteps()
+    with pytest.warns(UserWarning, match="not written in the middle of an optimizer step"):
+        _fit(tmp_path, seen, max_epochs=1, accumulate_grad_batches=2, val_check_interval=3)
+    assert seen.seen == [None] * 6 + [3, 3]  # validations after 3 batches (inside a step: skipped) and 6
 
 
 def test_longer_run_after_resume_follows_the_new_schedule(tmp_path: Path, fashion_mnist_dir) -> None:
@@ -156,19 +175,13 @@ class LearningRates(Callback):
         self.lrs[trainer.global_step] = trainer.optimizers[0].param_groups[0]["lr"]
 
 
-def test_rng_state_of_this_device_only(monkeypatch) -> None:
-    """Each rank saves its own CUDA generator; restoring needs only the device it runs on. (No GPU here:
-    the CUDA generator functions are stood in by ones that act on a single CPU generator.)"""
-    device_state = torch.random.get_rng_state()
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(torch.cuda, "get_rng_state", lambda device="cuda": device_state.clone())
-    restored = []
-    monkeypatch.setattr(torch.cuda, "set_rng_state", lambda state, device="cuda": restored.append(state))
-    monkeypatch.setattr(torch.cuda, "get_rng_state_all", lambda: pytest.fail("saved every device's state"))
-    monkeypatch.setattr(torch.cuda, "set_rng_state_all", lambda states: pytest.fail("restored every device"))
-    states = rng_states()
-    set_rng_states(states)
-    assert torch.equal(states["cuda"], device_state) and len(restored) == 1
+def test_checkpoints_hold_no_device_random_state(tmp_path: Path, fashion_mnist_dir) -> None:
+    """Every batch's random stream comes from (seed, epoch, batch, rank): nothing tied to a device or a
+    rank is saved, so resuming on fewer GPUs or under DDP restores every rank's own stream."""
+    _fit(tmp_path, StopAfterEpoch(0))
+    assert torch.load(tmp_path / "last.ckpt", weights_only=True)["callbacks"]["ExactResume"] == {
+        "batch_size": 32, "world_size": 1, "batches_done": 8,
+    }  # fmt: skip
 
 
 def test_same_seed_same_run_and_another_seed_another(tmp_path: Path, fashion_mnist_dir) -> None:

@@ -12,14 +12,11 @@ from PIL import Image
 
 from datamodules import FashionMNISTDataModule
 from models import ResNetClassifier
-from tests.conftest import ROOT, run_cli, save_random_weights
+from tests.conftest import QUICK, ROOT, run_cli, save_random_weights
 from tests.helpers import event_tags
 from train import TemplateCLI
 
-QUICK = [
-    "--trainer.max_epochs=1", "--trainer.limit_train_batches=3", "--trainer.limit_val_batches=2",
-    "--trainer.limit_test_batches=2", "--trainer.enable_progress_bar=false", "--test_after_fit=false",
-]  # fmt: skip
+ONE_EPOCH = [*QUICK, "--trainer.max_epochs=1", "--test_after_fit=false"]
 PRESETS = sorted(p for p in (ROOT / "configs" / "presets").glob("*.yaml") if p.name != "transfer.yaml")
 
 
@@ -30,7 +27,7 @@ def _checkpoint(workdir: Path, name: str) -> Path:
 @pytest.mark.parametrize("preset", PRESETS, ids=lambda p: p.name)
 def test_every_preset_runs_a_few_steps(preset: Path, tmp_path: Path, monkeypatch, fashion_mnist_dir) -> None:
     monkeypatch.chdir(tmp_path)
-    args = ["fit", "--config", str(ROOT / "configs/simple_cnn.yaml"), "--config", str(preset), *QUICK]
+    args = ["fit", "--config", str(ROOT / "configs/simple_cnn.yaml"), "--config", str(preset), *ONE_EPOCH]
     if preset.name.startswith("amp"):  # GPU presets: the same precision machinery, on the CPU
         args += ["--trainer.accelerator=cpu", "--trainer.precision=bf16-mixed"]
     if preset.name == "ddp.yaml":  # one process here; tests/test_ddp.py starts real ones
@@ -79,7 +76,7 @@ def test_export_round_trips_for_each_model_family(name: str, tmp_path: Path, for
     config = ["--config", str(ROOT / f"configs/{name}.yaml"), *FAMILIES[name]]
     if name == "transformer_text":
         config += [f"--data.{s}_file={fortunes_dir / f'{s}.jsonl'}" for s in ("train", "val", "test")]
-    run_cli("fit", *config, *QUICK, cwd=tmp_path)
+    run_cli("fit", *config, *ONE_EPOCH, cwd=tmp_path)
     result = subprocess.run(
         [sys.executable, str(ROOT / "export.py"), *config, f"--ckpt_path={_checkpoint(tmp_path, name)}", "--out=out"],
         cwd=tmp_path, capture_output=True, text=True, timeout=300,
@@ -96,7 +93,7 @@ def main_run(tmp_path_factory: pytest.TempPathFactory, fashion_mnist_dir) -> Pat
     """A short run of the main config with augmentation, logging every step."""
     workdir = tmp_path_factory.mktemp("main")
     args = ["--config", str(ROOT / "configs/simple_cnn.yaml"), "--data.augment=true", "--trainer.log_every_n_steps=1"]
-    run_cli("fit", *args, *QUICK, cwd=workdir)
+    run_cli("fit", *args, *ONE_EPOCH, cwd=workdir)
     return workdir
 
 
@@ -134,7 +131,7 @@ def test_predict_on_an_image_folder_writes_names_and_probabilities(tmp_path: Pat
         "--config", str(ROOT / "configs/resnet_finetune.yaml"), f"--model.weights={weights}",
         f"--data.root={image_tree}", "--data.image_size=32", "--data.num_workers=0", "--data.batch_size=8",
     ]  # fmt: skip
-    run_cli("fit", *common, *QUICK, cwd=tmp_path)
+    run_cli("fit", *common, *ONE_EPOCH, cwd=tmp_path)
     run_cli(
         "predict", *common, f"--ckpt_path={_checkpoint(tmp_path, 'resnet_finetune')}",
         f"--data.predict_dir={tmp_path / 'new'}", f"--predictions.output_file={tmp_path / 'out.csv'}", cwd=tmp_path,
