@@ -28,7 +28,7 @@ train: data
 test: install
 	$(BIN)/python -m pytest
 
-# The whole exact-resume fault-injection matrix (60 cells, about 5 minutes), with its table.
+# The whole exact-resume fault-injection matrix (60 cells, about 4 minutes), with its table.
 matrix: install
 	$(BIN)/python -m pytest tests/test_resume.py -m matrix -s -q
 

@@ -1,9 +1,10 @@
-"""Reusing trained weights: "load the state dict, reset the classifier", for every network here.
+"""Reusing trained weights for every network here: everything but the classifier.
 
 A weights file is a plain state dict (`torch.save(net.state_dict())`, torchvision's
 `resnet18-f37072fd.pth`, `export.py`'s `net_state_dict.pt`) or a checkpoint of any run of
-this template. Everything but the classifier is loaded strictly; the classifier keeps its
-fresh initialization for the new classes. A first convolution trained on another number of
+this template. Everything but the classifier is loaded strictly; the classifier keeps the
+fresh initialization the model was built with for its own classes (what `reset_classifier`
+gives an existing network). A first convolution trained on another number of
 input channels is adapted (`adapt_input_conv`), so a grayscale checkpoint serves RGB data
 and the reverse.
 """

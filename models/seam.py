@@ -5,8 +5,9 @@
 
 The classifier is one `nn.Linear` attribute named `classifier_name`. Fine-tuning
 (`callbacks.TwoStageFinetuning`) freezes everything but `get_classifier()`; reusing a
-trained network on new classes is "load the state dict, `reset_classifier(n)`"
-(`models.pretrained`); weight decay skips what `no_weight_decay()` names.
+trained network on new classes loads everything but the classifier (`models.pretrained`;
+`reset_classifier(n)` does the same for a network in hand); weight decay skips what
+`no_weight_decay()` names.
 """
 
 from __future__ import annotations
