@@ -17,6 +17,7 @@ from typing import Any
 import torch
 from lightning import Callback, LightningModule, Trainer
 from lightning.pytorch.loggers import TensorBoardLogger
+from lightning.pytorch.utilities import rank_zero_warn
 from torchmetrics.classification import MulticlassConfusionMatrix
 from torchvision.utils import make_grid
 
@@ -59,20 +60,26 @@ class ConfusionMatrixImage(Callback):
         """
         self.cell_pixels = cell_pixels
         self.matrix: MulticlassConfusionMatrix | None = None
+        self.supported = True  # False once validation_step turned out not to return EvalOutput
 
     def on_validation_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        self.matrix = MulticlassConfusionMatrix(pl_module.num_classes).to(pl_module.device)
+        if self.supported:
+            self.matrix = MulticlassConfusionMatrix(pl_module.num_classes).to(pl_module.device)
 
     def on_validation_batch_end(
         self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int, dataloader_idx=0
     ) -> None:
+        if self.matrix is None:
+            return
         if not (isinstance(outputs, dict) and {"logits", "targets"} <= outputs.keys()):
-            raise TypeError(
-                "ConfusionMatrixImage needs validation_step to return models.base.EvalOutput"
-                f" ({{'logits', 'targets'}}); {type(pl_module).__name__} returned {type(outputs).__name__}."
+            rank_zero_warn(
+                "ConfusionMatrixImage: no confusion matrix for this run, because validation_step does not return"
+                f" models.base.EvalOutput ({{'logits', 'targets'}}); {type(pl_module).__name__} returned"
+                f" {type(outputs).__name__}."
             )
-        if self.matrix is not None:
-            self.matrix.update(outputs["logits"], outputs["targets"])
+            self.matrix, self.supported = None, False
+            return
+        self.matrix.update(outputs["logits"], outputs["targets"])
 
     def on_validation_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         if self.matrix is None or trainer.sanity_checking:

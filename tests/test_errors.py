@@ -145,3 +145,14 @@ def test_interrupted_checkpoint_write_leaves_the_previous_file_intact(
         trainer.fit(SimpleCNN(), datamodule=FashionMNISTDataModule(), ckpt_path=str(tmp_path / "last.ckpt"))
     monkeypatch.undo()
     assert (tmp_path / "last.ckpt").read_bytes() == before  # written to a temporary file, renamed only when complete
+
+
+def test_a_model_breaking_the_step_output_contract_is_told_what_is_missing(quick_trainer, fashion_mnist_dir) -> None:
+    from callbacks import ConfusionMatrixImage
+
+    class LossOnly(SimpleCNN):
+        def validation_step(self, batch, batch_idx):
+            return self.loss_fn(self(batch[0]), batch[1])
+
+    with pytest.warns(UserWarning, match=r"no confusion matrix .* does not return models\.base\.EvalOutput"):
+        quick_trainer(callbacks=[ConfusionMatrixImage()]).fit(LossOnly(), datamodule=FashionMNISTDataModule())
