@@ -1,6 +1,6 @@
 """The fault-injection matrix of exact resume: one cell = (data, accumulation, trigger, model stage).
 
-A cell trains a small real run (3 epochs x 7 batches), interrupts it the way the trigger says,
+A cell trains a small real run (3 epochs x 5 batches), interrupts it the way the trigger says,
 resumes from the checkpoint that trigger leaves, and the resumed run must end with weights and
 metrics bit-identical to the same run never interrupted. Also run as a script, for the cells
 whose interruption is a SIGKILL: `python -m tests.matrix CELL_JSON DIRECTORY`.
@@ -31,7 +31,7 @@ DATA = ("memory-w0", "files-w2")
 ACCUMULATION = (1, 2)
 TRIGGERS = ("epoch-end", "step-checkpoint", "mid-epoch-validation", "sigterm", "sigkill")
 STAGES = ("plain", "stage-1", "stage-2")
-BATCHES, EPOCHS = 7, 3  # an odd batch count: the last accumulation window of an epoch is short
+BATCHES, EPOCHS = 5, 3  # an odd batch count: the last accumulation window of an epoch is short
 
 
 @dataclass(frozen=True)
@@ -152,7 +152,7 @@ def main() -> None:
     spec, directory = json.loads(sys.argv[1]), Path(sys.argv[2])
     image_root = Path(spec.pop("image_root"))
     cell = Cell(**spec)
-    fit(cell, directory, image_root, KillAtBatch(cell.interrupt_epoch, 5))
+    fit(cell, directory, image_root, KillAtBatch(cell.interrupt_epoch, BATCHES - 1))  # before the epoch-end save
 
 
 if __name__ == "__main__":

@@ -153,15 +153,14 @@ def _ddp_finetune(tmp_path: Path, *flags: str) -> tuple[dict, dict]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("sync", [True, False], ids=["with-sync", "without-sync"])
-def test_ddp_ranks_hold_identical_weights_after_unfreezing(tmp_path: Path, sync: bool, fashion_mnist_dir) -> None:
-    rank0, rank1 = _ddp_finetune(tmp_path, *([] if sync else ["--without-backbone-sync"]))
+def test_without_the_backbone_all_reduce_ddp_replicas_drift(tmp_path: Path, fashion_mnist_dir) -> None:
+    """What the callback's all-reduce prevents (Lightning #20340): each rank trains its own backbone. The fp16 test
+    below shows the replicas identical with it."""
+    rank0, rank1 = _ddp_finetune(tmp_path, "--without-backbone-sync")
     assert rank0["groups"] == ["head", "head_no_decay", "backbone", "backbone_no_decay"]
     backbone = [k for k in rank0["state"] if not k.startswith("fc.")]
     assert any(not torch.equal(rank0["state"][k], rank0["initial"][k]) for k in backbone)  # it trained
-    identical = all(torch.equal(rank0["state"][k], rank1["state"][k]) for k in backbone)
-    # Each rank saw its own shard; without our all-reduce the replicas drift apart (Lightning #20340).
-    assert identical is sync
+    assert not all(torch.equal(rank0["state"][k], rank1["state"][k]) for k in backbone)
 
 
 @pytest.mark.slow
@@ -170,4 +169,6 @@ def test_fp16_overflow_on_one_rank_is_skipped_by_every_rank(tmp_path: Path, fash
     assert rank0["scales"] == rank1["scales"]  # both ranks saw the overflow and halved the loss scale
     assert rank0["scales"][-1] < rank0["scales"][0]
     assert all(torch.isfinite(v).all() for v in rank0["state"].values())
-    assert same_state(rank0["state"], rank1["state"])
+    backbone = [k for k in rank0["state"] if not k.startswith("fc.")]
+    assert any(not torch.equal(rank0["state"][k], rank0["initial"][k]) for k in backbone)  # it trained
+    assert same_state(rank0["state"], rank1["state"])  # the replicas stayed identical
