@@ -34,6 +34,16 @@ from callbacks import (
     FiniteLossGuard,
     ResumeCheckpoint,
 )
+from callbacks.tracking import (
+    EXPERIMENT_ARG,
+    RUN_ARG,
+    SaveConfigToRun,
+    TrackerRun,
+    can_continue,
+    check_tracker_installed,
+    experiment_dir,
+    tracker_runs,
+)
 from datamodules.contract import CHECKPOINT_STATE_ARG, MODEL_LINKS
 from models.schedule import check_run_length
 
@@ -47,6 +57,7 @@ def installed_callbacks() -> list[Any]:
     return [
         ExactResume(),
         ResumeCheckpoint(),
+        TrackerRun(),
         FiniteLossGuard(),
         LearningRateMonitor(logging_interval="step"),
         AugmentedBatchImages(),
@@ -86,6 +97,7 @@ class TemplateCLI(LightningCLI):
         else:
             parser_kwargs.update({**defaults, **parser_kwargs})
         kwargs.setdefault("trainer_defaults", {"callbacks": installed_callbacks()})
+        kwargs.setdefault("save_config_callback", SaveConfigToRun)  # next to the checkpoints, and to the tracker
         kwargs.setdefault("save_config_kwargs", {"overwrite": True})  # a rerun in the same folder may rewrite it
         # The model builds its optimizer (`--model.optimizer`, named param groups): no top-level --optimizer.
         kwargs.setdefault("auto_configure_optimizers", False)
@@ -111,9 +123,13 @@ class TemplateCLI(LightningCLI):
         # Before LightningCLI reads the checkpoint's hyperparameters (right after parsing).
         subcommand = self.config.get("subcommand")
         config = self.config[subcommand] if subcommand else self.config
-        logger_args = getattr(config.trainer.get("logger"), "init_args", None)
-        if logger_args is not None and "name" in logger_args and not logger_args.get("name"):
-            logger_args.name = run_name(config)
+        logger = config.trainer.get("logger")
+        logger_args = getattr(logger, "init_args", None)
+        logger_class = str(getattr(logger, "class_path", "")).rpartition(".")[2]
+        check_tracker_installed(logger_class)
+        experiment_arg = EXPERIMENT_ARG.get(logger_class)
+        if experiment_arg and logger_args.get(experiment_arg) in (None, "", "lightning_logs"):
+            logger_args[experiment_arg] = run_name(config)  # the job's name, whatever the tracker
         model_args = getattr(config.get("model"), "init_args", None)
         if model_args is not None and "schedule" in model_args:
             trainer = config.trainer
@@ -136,27 +152,34 @@ class TemplateCLI(LightningCLI):
 
     @staticmethod
     def _resolve_last_checkpoint(config: Any, subcommand: str | None) -> None:
-        """`--ckpt_path last`: the newest last.ckpt of this experiment, across its versions.
+        """`--ckpt_path last`: the newest last.ckpt of this experiment, across its runs.
 
-        Lightning alone only looks in the new run's own (empty) version folder and
-        would silently start from scratch. When resuming `fit`, the logger is pointed
-        at the resumed version so curves and checkpoints continue in the same folder.
+        Lightning alone only looks in the new run's own (empty) folder and would silently
+        start from scratch. When resuming `fit`, the logger is pointed at the resumed run
+        (TensorBoard/CSV version folder, MLflow run id, W&B run id), so curves, checkpoints
+        and the tracker's run continue where they were.
         """
         logger = config.trainer.get("logger")
         init_args = getattr(logger, "init_args", None)
-        if init_args is None or "save_dir" not in init_args:
+        logger_class = str(getattr(logger, "class_path", "")).rpartition(".")[2]
+        folder = None if init_args is None else experiment_dir(logger_class, init_args, config.trainer.default_root_dir)
+        if folder is None:
             return
-        experiment_dir = Path(init_args.save_dir) / (init_args.get("name") or "lightning_logs")
-        candidates = sorted(experiment_dir.glob("*/checkpoints/last.ckpt"), key=lambda p: p.stat().st_mtime)
+        candidates = [
+            path
+            for path in sorted(folder.glob("*/checkpoints/last.ckpt"), key=lambda p: p.stat().st_mtime)
+            if can_continue(logger_class, tracker_runs(str(path)))
+        ]
         if not candidates:
             if subcommand != "fit":
-                raise FileNotFoundError(f"--ckpt_path last: no {experiment_dir}/*/checkpoints/last.ckpt found.")
-            rank_zero_warn(f"--ckpt_path last: nothing to resume in {experiment_dir}; starting from scratch.")
+                raise FileNotFoundError(f"--ckpt_path last: no {folder}/*/checkpoints/last.ckpt found.")
+            rank_zero_warn(f"--ckpt_path last: nothing to resume in {folder}; starting from scratch.")
             config.ckpt_path = None
             return
         config.ckpt_path = str(candidates[-1])
-        if subcommand == "fit" and "version" in init_args:
-            init_args.version = candidates[-1].parent.parent.name
+        if subcommand == "fit" and logger_class in RUN_ARG:
+            run_id = tracker_runs(config.ckpt_path).get(logger_class) or candidates[-1].parent.parent.name
+            init_args[RUN_ARG[logger_class]] = run_id
         rank_zero_info(f"Resuming from {config.ckpt_path}")
 
     def before_instantiate_classes(self) -> None:

@@ -1,4 +1,4 @@
-"""TensorBoard beyond scalars: what the network is fed, where it errs, and how its weights move.
+"""Logs beyond scalars: what the network is fed, where it errs, and how its weights move.
 
 - `AugmentedBatchImages`: one grid of training images exactly as the network sees them
   (after augmentation), once per run: "look at your data after augmentation".
@@ -7,7 +7,8 @@
 - `WeightHistograms` (optional, costs time): weight histograms per epoch and gradient
   histograms every n steps, to find the layer that explodes or dies.
 
-All of them do nothing without a TensorBoard logger (e.g. under fast_dev_run).
+Images and tables go to every configured logger (callbacks/tracking.py); the histograms are
+TensorBoard's own. Nothing is logged without a logger (e.g. under fast_dev_run).
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.utilities import rank_zero_warn
 from torchmetrics.classification import MulticlassConfusionMatrix
 from torchvision.utils import make_grid
+
+from callbacks.tracking import log_image, log_table
 
 
 def tensorboard(trainer: Trainer) -> Any | None:
@@ -43,13 +46,12 @@ class AugmentedBatchImages(Callback):
             return
         self.logged = True
         images = batch[0] if isinstance(batch, (tuple, list)) else batch
-        writer = tensorboard(trainer)
-        if writer is None or not (
+        if not (trainer.loggers and trainer.is_global_zero) or not (
             isinstance(images, torch.Tensor) and images.dim() == 4 and images.is_floating_point()
         ):
-            return  # not an image batch (e.g. token ids)
+            return  # no logger, or not an image batch (e.g. token ids)
         grid = make_grid(images[: self.max_images].detach().float().cpu(), nrow=8, normalize=True, scale_each=True)
-        writer.add_image("train/augmented_batch", grid, trainer.global_step)
+        log_image(trainer, "train/augmented_batch", grid, trainer.global_step)
 
 
 class ConfusionMatrixImage(Callback):
@@ -85,22 +87,16 @@ class ConfusionMatrixImage(Callback):
         if self.matrix is None or trainer.sanity_checking:
             return
         counts = self.matrix.compute().cpu()  # synced across DDP ranks
-        writer = tensorboard(trainer)
-        if writer is None:
+        if not (trainer.loggers and trainer.is_global_zero):
             return
         rates = counts.float() / counts.sum(dim=1, keepdim=True).clamp_min(1)  # row-normalized: recall per class
         heat = rates.repeat_interleave(self.cell_pixels, 0).repeat_interleave(self.cell_pixels, 1)
         # Blue-to-red heat map: a bright diagonal is a good classifier.
         image = torch.stack([heat, 0.2 * torch.ones_like(heat), 1 - heat])
-        writer.add_image("val/confusion_matrix", image, trainer.global_step)
+        log_image(trainer, "val/confusion_matrix", image, trainer.global_step)
         names = list(getattr(trainer.datamodule, "class_names", range(len(counts))))
-        header = "| true \\ predicted | " + " | ".join(map(str, names)) + " |"
-        rule = "|" + "---|" * (len(names) + 1)
-        rows = [
-            f"| {name} | " + " | ".join(str(int(c)) for c in row) + " |"
-            for name, row in zip(names, counts, strict=True)
-        ]
-        writer.add_text("val/confusion_matrix", "\n".join([header, rule, *rows]), trainer.global_step)
+        rows = [[name, *(int(c) for c in row)] for name, row in zip(names, counts, strict=True)]
+        log_table(trainer, "val/confusion_matrix", ["true \\ predicted", *map(str, names)], rows, trainer.global_step)
 
 
 class WeightHistograms(Callback):

@@ -25,6 +25,7 @@ from torchvision.datasets import ImageFolder
 from torchvision.datasets.folder import IMG_EXTENSIONS
 from torchvision.transforms import v2
 
+from datamodules.folds import check_fold, fold_split
 from datamodules.sampling import SplitLoaders, make_loader, seeded_sample
 
 log = logging.getLogger(__name__)
@@ -89,6 +90,13 @@ class FileListDataset(ClassFolderDataset):
         self.transform, self.target_transform, self.loader, self.on_corrupt = transform, None, load_rgb, on_corrupt
 
 
+def keep_samples(dataset: ClassFolderDataset, indices: list[int]) -> None:
+    """Restrict an ImageFolder to the given sample indices (a fold)."""
+    dataset.samples = [dataset.samples[i] for i in indices]
+    dataset.imgs = dataset.samples
+    dataset.targets = [dataset.targets[i] for i in indices]
+
+
 def collate_skipping_none(batch: list[Any]) -> Any:
     """Drop samples that were skipped as corrupt (a batch may come out one short)."""
     return default_collate([sample for sample in batch if sample is not None])
@@ -106,6 +114,9 @@ class ImageFolderDataModule(SplitLoaders, LightningDataModule):
         min_crop_scale: float = 0.08,
         predict_dir: str | None = None,
         on_corrupt: Literal["skip", "error"] = "skip",
+        num_folds: int | None = None,
+        fold: int = 0,
+        split_seed: int = 1234,
         num_workers: int = min(4, os.cpu_count() or 1),
         pin_memory: bool | None = None,
     ) -> None:
@@ -121,6 +132,10 @@ class ImageFolderDataModule(SplitLoaders, LightningDataModule):
             min_crop_scale: Smallest area fraction of RandomResizedCrop while training.
             predict_dir: Images to classify with `predict` (any folder layout, searched recursively).
             on_corrupt: `skip` logs the unreadable file and drops it from its batch; `error` stops the run.
+            num_folds: k-fold cross-validation over train/ (stratified by class): validate on fold `fold`,
+                train on the others; val/ is then not used, test/ is untouched.
+            fold: Which fold validates (0..num_folds-1).
+            split_seed: Seed of the folds.
             num_workers: Decoding processes; files need several, unlike in-memory data.
             pin_memory: Page-locked host memory for faster copies to a GPU (default: when CUDA is available).
         """
@@ -130,6 +145,8 @@ class ImageFolderDataModule(SplitLoaders, LightningDataModule):
         self.predict_dir = Path(predict_dir) if predict_dir else None
         self.batch_size = batch_size
         self.on_corrupt = on_corrupt
+        check_fold(num_folds, fold)
+        self.num_folds, self.fold, self.split_seed = num_folds, fold, split_seed
         self.num_workers = num_workers
         self.pin_memory = torch.cuda.is_available() if pin_memory is None else pin_memory
         normalize = [v2.ToImage(), v2.ToDtype(torch.float32, scale=True), v2.Normalize(list(mean), list(std))]
@@ -168,8 +185,14 @@ class ImageFolderDataModule(SplitLoaders, LightningDataModule):
             return
         classes = self.class_names
         self.splits["train"] = ClassFolderDataset(self.root / "train", classes, self.train_transform, self.on_corrupt)
+        if self.num_folds is not None:  # validate on a fold of train/, with the evaluation transform
+            self.splits["val"] = ClassFolderDataset(self.root / "train", classes, self.eval_transform, self.on_corrupt)
+            targets = torch.tensor(self.splits["train"].targets)
+            train_idx, val_idx = fold_split(targets, self.num_folds, self.fold, self.split_seed)
+            keep_samples(self.splits["train"], train_idx.tolist())
+            keep_samples(self.splits["val"], val_idx.tolist())
         for split in ("val", "test"):
-            if (self.root / split).is_dir():
+            if split not in self.splits and (self.root / split).is_dir():
                 self.splits[split] = ClassFolderDataset(
                     self.root / split, classes, self.eval_transform, self.on_corrupt
                 )

@@ -15,6 +15,7 @@ from lightning import LightningDataModule
 from lightning.pytorch.utilities import rank_zero_info
 from torch.utils.data import DataLoader, Dataset
 
+from datamodules.folds import check_fold, fold_split
 from datamodules.sampling import SplitLoaders, make_loader
 
 Batch = tuple[torch.Tensor, torch.Tensor]
@@ -73,6 +74,8 @@ class InMemoryImageDataModule(SplitLoaders, LightningDataModule):
         batch_size: int = 128,
         val_size: int = 5000,
         split_seed: int = 1234,
+        num_folds: int | None = None,
+        fold: int = 0,
         augment: bool = False,
         crop_padding: int = 2,
         horizontal_flip: bool = False,
@@ -87,6 +90,9 @@ class InMemoryImageDataModule(SplitLoaders, LightningDataModule):
             batch_size: Samples per batch on each device (the global batch is this x devices x accumulation).
             val_size: Images held out from the official training split for validation.
             split_seed: Seed of the train/validation split; fixed so every run validates on the same images.
+            num_folds: k-fold cross-validation: split the official training images into this many
+                stratified folds and validate on fold `fold` (replaces `val_size`; test split untouched).
+            fold: Which fold validates (0..num_folds-1); the other folds train.
             augment: Random translation (and flip) of training batches, applied on the device.
             crop_padding: Maximum translation in pixels when `augment` is on.
             horizontal_flip: Also flip training images left-right when `augment` is on (not for digits or text).
@@ -102,6 +108,8 @@ class InMemoryImageDataModule(SplitLoaders, LightningDataModule):
         self.batch_size = batch_size
         self.val_size = val_size
         self.split_seed = split_seed
+        check_fold(num_folds, fold)
+        self.num_folds, self.fold = num_folds, fold
         self.augment = augment
         self.crop_padding = crop_padding
         self.horizontal_flip = horizontal_flip
@@ -143,11 +151,14 @@ class InMemoryImageDataModule(SplitLoaders, LightningDataModule):
         (train_x, train_y), (test_x, test_y) = self.load_splits()
         self._check(train_x, train_y, "train")
         self._check(test_x, test_y, "test")
-        if not 0 < self.val_size < len(train_y):
+        if self.num_folds is not None:
+            train_idx, val_idx = fold_split(train_y, self.num_folds, self.fold, self.split_seed)
+        elif not 0 < self.val_size < len(train_y):
             raise ValueError(f"data.val_size={self.val_size} must be between 1 and {len(train_y) - 1}.")
-        generator = torch.Generator().manual_seed(self.split_seed)
-        order = torch.randperm(len(train_y), generator=generator)
-        val_idx, train_idx = order[: self.val_size], order[self.val_size :]
+        else:
+            generator = torch.Generator().manual_seed(self.split_seed)
+            order = torch.randperm(len(train_y), generator=generator)
+            val_idx, train_idx = order[: self.val_size], order[self.val_size :]
         if self.train_samples_per_class is not None:
             train_idx = torch.cat(
                 [train_idx[train_y[train_idx] == c][: self.train_samples_per_class] for c in self.classes]

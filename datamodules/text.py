@@ -27,6 +27,7 @@ import torch
 from lightning import LightningDataModule, Trainer
 from torch.utils.data import DataLoader, Dataset
 
+from datamodules.folds import check_fold, fold_split
 from datamodules.sampling import EpochSampler, SplitLoaders, global_seed, make_loader
 
 TOKEN_PATTERN = re.compile(r"\w+|[^\w\s]")
@@ -177,6 +178,8 @@ class TextClassificationDataModule(SplitLoaders, LightningDataModule):
         label_column: str = "label",
         val_fraction: float = 0.1,
         split_seed: int = 1234,
+        num_folds: int | None = None,
+        fold: int = 0,
         max_length: int = 128,
         max_vocab: int = 20000,
         min_freq: int = 2,
@@ -194,7 +197,10 @@ class TextClassificationDataModule(SplitLoaders, LightningDataModule):
             text_column: Column/key holding the text.
             label_column: Column/key holding the label (any string; mapped to ids in sorted order).
             val_fraction: Share of train_file held out for validation when there is no val_file.
-            split_seed: Seed of that hold-out.
+            split_seed: Seed of that hold-out (and of the folds).
+            num_folds: k-fold cross-validation: split train_file into this many folds, stratified by
+                label, and validate on fold `fold` (replaces `val_fraction`; needs no val_file).
+            fold: Which fold validates (0..num_folds-1); the other folds train.
             max_length: Texts are truncated to this many tokens.
             max_vocab: Vocabulary size cap (the most frequent words, plus <pad> and <unk>).
             min_freq: Words rarer than this in train_file become <unk>.
@@ -209,6 +215,9 @@ class TextClassificationDataModule(SplitLoaders, LightningDataModule):
         self.files = {"train": train_file, "val": val_file, "test": test_file, "predict": predict_file}
         self.text_column, self.label_column = text_column, label_column
         self.val_fraction, self.split_seed = val_fraction, split_seed
+        check_fold(num_folds, fold)
+        if num_folds is not None and val_file is not None:
+            raise ValueError("data.num_folds takes the validation folds from train_file: remove --data.val_file.")
         self.max_length = max_length
         self.batch_size, self.bucket_multiplier, self.num_workers = batch_size, bucket_multiplier, num_workers
         self.splits: dict[str, EncodedTexts] = {}
@@ -218,8 +227,7 @@ class TextClassificationDataModule(SplitLoaders, LightningDataModule):
         if train_file is not None:
             self.train_records = read_records(Path(train_file), text_column, label_column)
             if val_file is None:  # held out before the vocabulary is built: no validation word may leak into it
-                order = torch.randperm(len(self.train_records), generator=torch.Generator().manual_seed(split_seed))
-                held_out = set(order[: max(1, round(val_fraction * len(order)))].tolist())
+                held_out = self._held_out(num_folds, fold)
                 records = self.train_records
                 self.held_out_records = [r for i, r in enumerate(records) if i in held_out]
                 self.train_records = [r for i, r in enumerate(records) if i not in held_out]
@@ -232,6 +240,15 @@ class TextClassificationDataModule(SplitLoaders, LightningDataModule):
             self.class_names = sorted({label for _, label in self.train_records + self.held_out_records})
         else:
             raise ValueError("TextClassificationDataModule needs --data.train_file (or --ckpt_path of a trained run).")
+
+    def _held_out(self, num_folds: int | None, fold: int) -> set[int]:
+        """Indices of train_file held out for validation: fold `fold`, or a seeded `val_fraction`."""
+        if num_folds is not None:
+            names = sorted({label for _, label in self.train_records})
+            labels = torch.tensor([names.index(label) for _, label in self.train_records])
+            return set(fold_split(labels, num_folds, fold, self.split_seed)[1].tolist())
+        order = torch.randperm(len(self.train_records), generator=torch.Generator().manual_seed(self.split_seed))
+        return set(order[: max(1, round(self.val_fraction * len(order)))].tolist())
 
     @property
     def vocab_size(self) -> int:

@@ -1,0 +1,1 @@
+"""Many runs of train.py: hyperparameter search (tune.py), seeds and k-fold (multirun.py)."""

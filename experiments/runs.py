@@ -1,0 +1,133 @@
+"""One train.py run, in this process, as a function: flags in, its folder and metrics out.
+
+Search trials, seeds and folds are all ordinary `train.py fit` runs with their own log folder
+and `config.yaml`, so any of them can be rerun or resumed with train.py alone.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import subprocess
+import sys
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from lightning import Callback
+
+from train import ROOT, TemplateCLI, installed_callbacks
+
+# Runs here are driven with explicit flags by design, whatever this process's own argv is.
+warnings.filterwarnings("ignore", message="LightningCLI's args parameter is intended")
+
+
+class FlagError(ValueError):
+    """train.py would refuse these flags (unknown key, wrong type)."""
+
+
+@dataclass
+class RunResult:
+    log_dir: str
+    monitor: str
+    best_score: float
+    best_checkpoint: str
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+def flag(key: str, value: Any) -> str:
+    """`--key=value` as train.py reads it (booleans and None as YAML words)."""
+    if isinstance(value, bool):
+        text = "true" if value else "false"
+    elif value is None:
+        text = "null"
+    else:
+        text = str(value)
+    return f"--{key}={text}"
+
+
+class _ParseOnly(TemplateCLI):
+    """Parses and validates like train.py, then stops before building anything."""
+
+    def before_instantiate_classes(self) -> None:
+        raise _Parsed(self)
+
+
+class _Parsed(Exception):
+    def __init__(self, cli: TemplateCLI) -> None:
+        self.cli = cli
+
+
+def parse(flags: list[str]) -> TemplateCLI:
+    """The parsed (not instantiated) CLI for `train.py fit <flags>`; FlagError if train.py would refuse them."""
+    try:
+        _ParseOnly(args=flags, run=False, parser_kwargs={"exit_on_error": False})
+    except _Parsed as parsed:
+        return parsed.cli
+    except Exception as err:  # jsonargparse's ArgumentError, or a check of train.py's own
+        lines = [line for line in str(err).splitlines() if "Given value" not in line]
+        raise FlagError("\n".join(lines)) from None
+    raise AssertionError("unreachable")
+
+
+def job_config_yaml(flags: list[str]) -> str:
+    """What `flags` change from configs/defaults.yaml, as one job config (the run's name left to its file).
+
+    In a fresh process: once a run was built in this one, jsonargparse no longer tells defaults apart.
+    """
+    code = "import sys; from experiments.runs import _job_config_yaml; print(_job_config_yaml(sys.argv[1:]))"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    done = subprocess.run([sys.executable, "-c", code, *flags], env=env, capture_output=True, text=True)
+    if done.returncode:
+        raise FlagError(done.stderr.strip().splitlines()[-1])
+    return done.stdout
+
+
+def _job_config_yaml(flags: list[str]) -> str:
+    cli = parse(flags)
+    logger_args = getattr(cli.config.trainer.get("logger"), "init_args", None)
+    if logger_args is not None and "name" in logger_args:
+        logger_args.name = None
+    return cli.parser.dump(cli.config, skip_default=True)
+
+
+def logger_flags(flags: list[str], group: str, run: str) -> list[str]:
+    """Flags that put a run into `<save_dir>/<group>/<run>/` (TensorBoard, CSV) or name it so (MLflow, W&B)."""
+    logger = parse(flags).config.trainer.get("logger")
+    init_args = getattr(logger, "init_args", None)
+    if init_args is None:
+        return []
+    prefix = "--trainer.logger.init_args."
+    if "version" in init_args and "name" in init_args:  # TensorBoardLogger, CSVLogger
+        return [f"{prefix}name={group}", f"{prefix}version={run}"]
+    if "experiment_name" in init_args:  # MLFlowLogger
+        return [f"{prefix}experiment_name={group}", f"{prefix}run_name={run}"]
+    if "project" in init_args:  # WandbLogger
+        return [f"{prefix}name={group}/{run}"]
+    return []
+
+
+def fit(flags: list[str], callbacks: list[Callback] | None = None) -> RunResult:
+    """`train.py fit <flags>` in this process. Lightning's SIGTERMException (Ctrl-C, SIGTERM) propagates."""
+    cli = TemplateCLI(
+        args=["fit", *flags],
+        trainer_defaults={"callbacks": installed_callbacks() + list(callbacks or [])},
+    )
+    trainer = cli.trainer
+    best = next((c for c in trainer.checkpoint_callbacks if c.monitor), None)
+    monitor = getattr(best, "monitor", None) or ""
+    score = getattr(best, "best_model_score", None)
+    metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if v.numel() == 1}
+    return RunResult(
+        log_dir=str(trainer.log_dir or ""),
+        monitor=monitor,
+        best_score=float(score) if score is not None else metrics.get(monitor, math.nan),
+        best_checkpoint=str(getattr(best, "best_model_path", "") or ""),
+        metrics=metrics,
+    )
+
+
+def last_checkpoint(log_dir: Path) -> Path | None:
+    path = log_dir / "checkpoints" / "last.ckpt"
+    return path if path.is_file() else None

@@ -1,0 +1,40 @@
+"""One job over several seeds or k folds, summarised as mean ± std of its validation and test metrics.
+
+    python multirun.py --config configs/simple_cnn.yaml --seeds 42 7 123
+    python multirun.py --config configs/simple_cnn.yaml --folds 5 --trainer.max_epochs=3
+
+Flags after the options below go to every run's `train.py fit`. Runs and the summary
+(summary.md, summary.csv) are in logs/multirun/<name>/. Rerun the same command after a stop:
+finished runs are kept, an interrupted one resumes from its last.ckpt.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from experiments import runs
+from experiments.repeat import run_all, write_summary
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--config", action="append", required=True, help="Job config(s), as for train.py.")
+    which = parser.add_mutually_exclusive_group(required=True)
+    which.add_argument("--seeds", type=int, nargs="+", help="Run once per seed (--seed_everything).")
+    which.add_argument("--folds", type=int, help="k-fold cross-validation: run folds 0..K-1 (--data.num_folds K).")
+    parser.add_argument("--name", help="Folder under logs/multirun/ (default: <job>-seeds or <job>-<K>fold).")
+    args, train_flags = parser.parse_known_args(sys.argv[1:] if argv is None else argv)
+    job = Path(args.config[0]).stem
+    name = args.name or (f"{job}-{args.folds}fold" if args.folds else f"{job}-seeds")
+    flags = [*(f"--config={c}" for c in args.config), *train_flags]
+    try:
+        results, out = run_all(flags, name, args.seeds, args.folds)
+    except (ValueError, runs.FlagError) as err:
+        sys.exit(f"multirun.py: {err}")
+    print(write_summary(results, out), flush=True)
+
+
+if __name__ == "__main__":
+    main()

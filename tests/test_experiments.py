@@ -1,0 +1,177 @@
+"""Hyperparameter search (tune.py), seeds and k-fold (multirun.py): each trial and run a real train.py run."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import optuna
+import pytest
+import yaml
+from optuna.trial import TrialState
+
+import tune
+from experiments import runs
+from experiments.space import SpaceError, load_space
+from tests.conftest import ROOT, run_cli
+
+JOB = str(ROOT / "configs" / "simple_cnn.yaml")
+TINY = [
+    "--trainer.limit_train_batches=4", "--trainer.limit_val_batches=2", "--trainer.max_epochs=2",
+    "--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false", "--test_after_fit=false",
+]  # fmt: skip
+
+
+def write_space(path: Path, space: dict) -> Path:
+    path.write_text(yaml.safe_dump(space))
+    return path
+
+
+def load(folder: Path, name: str) -> optuna.Study:
+    return optuna.load_study(study_name=name, storage=f"sqlite:///{folder / 'study.db'}")
+
+
+@pytest.mark.slow
+def test_search_prunes_a_bad_trial_and_writes_table_plots_and_best_config(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    # Two learning rates that learn and two that cannot: after 2 trials, a non-learner is pruned after 1 epoch.
+    space = write_space(tmp_path / "space.yaml", {"model.optimizer.init_args.lr": {"choice": [3e-3, 1e-7, 2e-3, 2e-7]}})
+    tune.main(["--config", JOB, "--search", str(space), "--trials", "4", "--study", "s", "--sampler", "grid",
+               "--seed", "1", "--prune_after_epochs", "0", *TINY])  # fmt: skip
+    out = tmp_path / "logs" / "tune" / "s"
+    rows = list(csv.DictReader((out / "results.csv").open()))
+    assert [r["trial"] for r in rows] == ["0", "1", "2", "3"]
+    pruned = [r for r in rows if r["state"] == "pruned"]
+    assert pruned, rows
+    assert all(float(r["model.optimizer.init_args.lr"]) < 1e-6 and r["epochs"] == "1" for r in pruned)
+    complete = [r for r in rows if r["state"] == "complete"]
+    assert all(r["epochs"] == "2" for r in complete)
+    for row in rows:  # every trial is an ordinary run: its own folder and config.yaml
+        config = yaml.safe_load((out / row["folder"] / "config.yaml").read_text())
+        assert config["model"]["init_args"]["optimizer"]["init_args"]["lr"] == float(
+            row["model.optimizer.init_args.lr"]
+        )
+    assert "| trial | state | value |" in (out / "results.md").read_text()
+    assert {p.name for p in (out / "plots").glob("*.png")} == {
+        "optimization_history.png", "parallel_coordinate.png", "param_importances.png",
+    }  # fmt: skip
+    best = max(complete, key=lambda r: float(r["value"]))
+    best_config = yaml.safe_load((out / "best.yaml").read_text())
+    assert best_config["model"]["init_args"]["optimizer"]["init_args"]["lr"] == float(
+        best["model.optimizer.init_args.lr"]
+    )
+    assert "max_epochs" not in best_config.get("trainer", {}) or best_config["trainer"]["max_epochs"] == 6
+    runs.parse([f"--config={out / 'best.yaml'}"])  # ready to run with train.py
+
+
+def start_search(cwd: Path, study: str, trials: int, space: Path, *extra: str) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}  # two at once on 2 cores
+    command = [sys.executable, str(ROOT / "tune.py"), "--config", JOB, "--search", str(space), "--trials",
+               str(trials), "--study", study, "--sampler", "random", "--pruner", "none", *extra]  # fmt: skip
+    return subprocess.Popen(command, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+SPACE = {"model.optimizer.init_args.lr": {"log_uniform": [1e-3, 1e-2]}, "model.dropout": {"uniform": [0.0, 0.5]}}
+LONGER = ["--trainer.limit_train_batches=40", "--trainer.limit_val_batches=2", "--trainer.max_epochs=4",
+          "--trainer.enable_progress_bar=false", "--test_after_fit=false"]  # fmt: skip
+
+
+@pytest.mark.slow
+def test_search_killed_mid_trial_resumes_that_trial_and_finishes_the_exact_count(tmp_path):
+    space = write_space(tmp_path / "space.yaml", SPACE)
+    out = tmp_path / "logs" / "tune" / "k"
+    first = start_search(tmp_path, "k", 3, space, *LONGER)
+    epoch_end = out / "trial_0001" / "checkpoints" / "last.ckpt"
+    deadline = time.monotonic() + 240
+    while not epoch_end.exists() and first.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    first.send_signal(signal.SIGKILL)  # no clean-up of any kind: the trial stays RUNNING in the database
+    first.wait()
+    assert epoch_end.exists(), first.stdout.read()[-3000:]
+    killed = load(out, "k").trials[1]
+    assert killed.state == TrialState.RUNNING  # killed in the middle of the trial
+
+    result = run_cli("--config", JOB, "--search", str(space), "--trials", "3", "--study", "k", "--sampler",
+                     "random", "--pruner", "none", *LONGER, cwd=tmp_path, script="tune.py")  # fmt: skip
+    study = load(out, "k")
+    finished = study.get_trials(states=(TrialState.COMPLETE,))
+    assert len(finished) == 3
+    assert study.trials[1].state == TrialState.FAIL and study.trials[1].user_attrs["interrupted"] == "process died"
+    resumed = next(t for t in finished if t.user_attrs.get("resumes") == 1)
+    assert resumed.params == killed.params and resumed.user_attrs["folder"] == "trial_0001"
+    assert f"Restoring states from the checkpoint path at {Path('logs/tune/k/trial_0001/checkpoints/last.ckpt')}" in (
+        result.stdout + result.stderr
+    )  # resumed from its last.ckpt, not rerun from scratch
+    assert sorted(t.user_attrs["folder"] for t in finished) == ["trial_0000", "trial_0001", "trial_0003"]
+    assert f"interrupted, resumed as #{resumed.number}" in (out / "results.md").read_text()
+
+
+@pytest.mark.slow
+def test_two_processes_on_one_storage_share_the_budget_without_duplicates(tmp_path):
+    space = write_space(tmp_path / "space.yaml", SPACE)
+    workers = [start_search(tmp_path, "p", 4, space, *TINY) for _ in range(2)]
+    outputs = [w.communicate(timeout=300)[0] for w in workers]
+    assert [w.returncode for w in workers] == [0, 0], "\n".join(o[-2000:] for o in outputs)
+    study = load(tmp_path / "logs" / "tune" / "p", "p")
+    finished = study.get_trials(states=(TrialState.COMPLETE,))
+    assert len(finished) == 4
+    assert len({tuple(sorted(t.params.items())) for t in finished}) == 4
+    assert len({t.user_attrs["folder"] for t in finished}) == 4
+    assert len({t.user_attrs["pid"] for t in finished}) == 2  # both processes ran trials
+
+
+@pytest.mark.parametrize(
+    ("space", "message"),
+    [
+        ({"model.dropout": {"uniform": [0.5, 0.1]}}, "empty or inverted range [0.5, 0.1]"),
+        ({"model.dropout": {"uniform": [0.2, 0.2]}}, "empty or inverted range"),
+        ({"model.optimizer.init_args.lr": {"log_uniform": [0, 1]}}, "needs low > 0"),
+        ({"data.batch_size": {"choice": []}}, "non-empty list"),
+        ({"model.dropout": {"normal": [0, 1]}}, "expected one of {uniform, log_uniform, int, log_int, choice}"),
+    ],
+)
+def test_bad_search_space_is_refused_naming_the_key(tmp_path, space, message):
+    with pytest.raises(SpaceError, match=r"space\.yaml: ") as error:
+        load_space(write_space(tmp_path / "space.yaml", space))
+    assert message in str(error.value) and next(iter(space)) in str(error.value)
+
+
+@pytest.mark.parametrize(
+    ("space", "extra", "message"),
+    [
+        ({"model.no_such_option": {"uniform": [0, 1]}}, [], "refuses the key or value of model.no_such_option"),
+        ({"model.dropout": {"uniform": [0, 1]}}, ["--storage", "postgresql://nobody@127.0.0.1:1/x"], "--storage"),
+    ],
+)
+def test_search_refuses_unknown_key_or_bad_storage_before_training(
+    tmp_path, monkeypatch, capsys, space, extra, message
+):
+    monkeypatch.chdir(tmp_path)
+    path = write_space(tmp_path / "space.yaml", space)
+    with pytest.raises(SystemExit) as stop:
+        tune.main(["--config", JOB, "--search", str(path), "--trials", "2", *extra])
+    assert message in str(stop.value.code)
+    assert not list(tmp_path.glob("logs/tune/*/trial_*"))  # nothing trained
+
+
+@pytest.mark.slow
+def test_three_fold_run_summarises_mean_and_std_and_skips_finished_folds(tmp_path):
+    run_cli("--config", JOB, "--folds", "3", "--name", "cv", *TINY, cwd=tmp_path, script="multirun.py")
+    out = tmp_path / "logs" / "multirun" / "cv"
+    summary = (out / "summary.md").read_text().splitlines()
+    assert summary[0].startswith("| run | best val_acc |")
+    assert [line.split(" | ")[0] for line in summary[2:]] == ["| fold_0", "| fold_1", "| fold_2", "| mean", "| std"]
+    scores = [json.loads((out / f"fold_{i}" / "result.json").read_text())["best_score"] for i in range(3)]
+    mean_cell = summary[5].split(" | ")[1]
+    assert abs(float(mean_cell) - sum(scores) / 3) < 1e-4
+    for i in range(3):  # each fold is an ordinary run of fold i
+        config = yaml.safe_load((out / f"fold_{i}" / "config.yaml").read_text())
+        assert config["data"]["init_args"]["num_folds"] == 3 and config["data"]["init_args"]["fold"] == i
+    again = run_cli("--config", JOB, "--folds", "3", "--name", "cv", *TINY, cwd=tmp_path, script="multirun.py")
+    assert again.stdout.count("done before") == 3

@@ -1,0 +1,89 @@
+"""Hyperparameter search over train.py's flags with Optuna: resumable, prunable, parallel.
+
+    python tune.py --config configs/simple_cnn.yaml --search configs/search/simple_cnn.yaml --trials 20 \\
+        --trainer.max_epochs=3
+
+Flags after the options below go to every trial's `train.py fit` (a shorter budget, a preset).
+Run the same command again to continue a stopped search; run it on several machines with one
+`--storage` URL to search in parallel. Results: logs/tune/<study>/{results.csv,results.md,best.yaml,plots/}.
+See experiments/search.py for how interruptions are handled.
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+from pathlib import Path
+
+import optuna
+from lightning.pytorch.utilities.exceptions import SIGTERMException
+
+from experiments import runs
+from experiments.search import Search, SearchError, make_pruner, make_sampler, open_storage, recover, write_report
+from experiments.space import SpaceError, load_space
+
+
+def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--config", action="append", required=True, help="Job config(s), as for train.py.")
+    parser.add_argument("--search", type=Path, required=True, help="Search space YAML (configs/search/).")
+    parser.add_argument("--trials", type=int, default=20, help="Finished trials (complete or pruned) to reach.")
+    parser.add_argument("--study", help="Study name (default: <job>-<search>).")
+    parser.add_argument("--storage", help="Optuna RDB URL (default: sqlite:///logs/tune/<study>/study.db).")
+    parser.add_argument("--sampler", default="tpe", choices=["tpe", "random", "grid"])
+    parser.add_argument("--pruner", default="median", choices=["median", "none"])
+    parser.add_argument("--prune_after_epochs", type=int, default=1, help="Never prune before this many epochs.")
+    parser.add_argument("--seed", type=int, help="Sampler seed (the trials' own seed is train.py's).")
+    return parser.parse_known_args(argv)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args, train_flags = parse_args(sys.argv[1:] if argv is None else argv)
+    if args.trials < 1:
+        sys.exit("tune.py: --trials must be at least 1.")
+    try:
+        params = load_space(args.search)
+        job_flags = [f"--config={c}" for c in args.config]
+        cli = runs.parse([*job_flags, *train_flags])
+        for param in params:  # each key on its own, so the error names it
+            try:
+                cli = runs.parse([*job_flags, *train_flags, runs.flag(param.key, param.example())])
+            except runs.FlagError as err:
+                raise SpaceError(
+                    f"--search {args.search}: train.py refuses the key or value of {param.key}:\n{err}"
+                ) from None
+        config = cli.config
+        monitor, mode = config.checkpoint.monitor, config.checkpoint.mode
+        if not monitor:
+            raise SearchError("The search optimizes --checkpoint.monitor; set it (e.g. val_acc).")
+        study_name = args.study or f"{Path(args.config[0]).stem}-{args.search.stem}"
+        out = Path("logs") / "tune" / study_name
+        storage = open_storage(args.storage or f"sqlite:///{out / 'study.db'}")
+        study = optuna.create_study(
+            study_name=study_name,
+            storage=storage,
+            sampler=make_sampler(args.sampler, params, args.seed),
+            pruner=make_pruner(args.pruner, args.prune_after_epochs),
+            direction="maximize" if mode == "max" else "minimize",
+            load_if_exists=True,
+        )
+    except (SpaceError, SearchError) as err:
+        sys.exit(f"tune.py: {err}")
+    logger_args = getattr(config.trainer.get("logger"), "init_args", None)
+    save_dir = str(getattr(logger_args, "save_dir", None) or "logs")
+    search = Search(study, job_flags, train_flags, params, args.trials, f"tune/{study_name}", save_dir, monitor)
+    recover(study, storage)
+    print(f"Study '{study_name}': {args.trials - search.budget_left()} of {args.trials} trials done or running.")
+    try:
+        search.run(on_trial_end=lambda: write_report(study, search, out, final=False))
+    except SIGTERMException:  # Ctrl-C or SIGTERM: the trial saved its last.ckpt and is resumed next time
+        print("Search stopped: run the same command to continue it.", flush=True)
+        sys.exit(128 + signal.SIGTERM)
+    finally:
+        best = write_report(study, search, out)
+        print(f"Results: {out}/results.md" + (f"; best config: {best}" if best else ""), flush=True)
+
+
+if __name__ == "__main__":
+    main()
