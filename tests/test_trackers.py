@@ -1,0 +1,65 @@
+"""Logger presets: CSV, MLflow and W&B (offline) get metrics, images, tables and the config, and resume continues a run."""
+
+from __future__ import annotations
+
+import csv
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import QUICK, ROOT, run_cli
+
+JOB = str(ROOT / "configs" / "simple_cnn.yaml")
+PRESETS = ROOT / "configs" / "presets"
+
+
+def fit(tmp_path: Path, preset: str, *extra: str) -> subprocess.CompletedProcess:
+    return run_cli("fit", "--config", JOB, "--config", str(PRESETS / preset), *QUICK, "--trainer.max_epochs=1",
+                   "--test_after_fit=false", *extra, cwd=tmp_path)  # fmt: skip
+
+
+@pytest.mark.slow
+def test_mlflow_run_holds_params_metrics_images_and_config_and_resume_continues_it(tmp_path: Path) -> None:
+    import mlflow
+
+    fit(tmp_path, "mlflow.yaml")
+    fit(tmp_path, "mlflow.yaml", "--trainer.max_epochs=2", "--ckpt_path=last")
+    client = mlflow.MlflowClient(f"sqlite:///{tmp_path / 'logs' / 'mlflow.db'}")
+    experiment = client.get_experiment_by_name("simple_cnn")  # named after the job
+    (run,) = client.search_runs([experiment.experiment_id])  # resumed into the same run, not a second one
+    assert [m.step for m in client.get_metric_history(run.info.run_id, "val_acc")] == [9, 19]
+    assert run.data.params["dropout"] == "0.25"
+    artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}
+    assert {"config.yaml", "train", "val"} <= artifacts
+    matrix = {a.path for a in client.list_artifacts(run.info.run_id, "val/confusion_matrix")}
+    assert {"val/confusion_matrix/step_0000010.png", "val/confusion_matrix/step_0000010.md"} <= matrix
+    checkpoints = list((tmp_path / "logs" / "mlflow").glob(f"*/{run.info.run_id}/checkpoints/last.ckpt"))
+    assert len(checkpoints) == 1
+
+
+@pytest.mark.slow
+def test_csv_and_wandb_offline_presets_write_their_files(tmp_path: Path) -> None:
+    fit(tmp_path, "csv_logger.yaml")
+    (run_dir,) = (tmp_path / "logs" / "simple_cnn").glob("version_*")
+    rows = list(csv.DictReader((run_dir / "metrics.csv").open()))
+    assert any(row.get("val_acc") for row in rows) and any(row.get("lr-AdamW/head") for row in rows)
+    assert (run_dir / "images" / "val" / "confusion_matrix" / "step_0000010.png").is_file()
+    assert "true \\ predicted" in (run_dir / "tables" / "val" / "confusion_matrix" / "step_0000010.csv").read_text()
+
+    fit(tmp_path, "wandb.yaml")
+    (offline,) = (tmp_path / "logs" / "wandb").glob("offline-run-*")
+    assert list(offline.glob("run-*.wandb"))  # the run, ready for `wandb sync`
+    assert (offline / "files" / "config.yaml").is_file()
+    assert list((offline / "files" / "media" / "images").rglob("*.png"))
+
+
+def test_a_tracker_that_is_not_installed_is_named_with_the_fix(tmp_path: Path) -> None:
+    code = "import sys; sys.modules['wandb'] = None; import train; train.main()"  # as if wandb were absent
+    args = ["fit", "--config", JOB, "--config", str(PRESETS / "wandb.yaml"), *QUICK]
+    result = subprocess.run([sys.executable, "-c", code, *args], cwd=tmp_path, capture_output=True, text=True,
+                            env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})  # fmt: skip
+    assert result.returncode != 0
+    assert "needs the `wandb` package: pip install -e '.[wandb]'" in result.stderr
+    assert not (tmp_path / "logs").exists()  # before anything ran
