@@ -8,7 +8,7 @@ ARGS ?=
 export MALLOC_MMAP_THRESHOLD_ ?= 33554432
 export MALLOC_TRIM_THRESHOLD_ ?= 1073741824
 
-.PHONY: install data train test matrix bench lint format clean transfer text-data
+.PHONY: install data train test matrix bench lint format clean transfer text-data tune seeds
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -24,6 +24,16 @@ data: install
 
 train: data
 	$(BIN)/python train.py fit --config $(CONFIG) $(ARGS)
+
+# Hyperparameter search (README: Experiments); run it again to continue a stopped search.
+TRIALS ?= 12
+tune: data
+	$(BIN)/python tune.py --config $(CONFIG) --search configs/search/$(notdir $(CONFIG)) --trials $(TRIALS) \
+		--trainer.max_epochs=3 --test_after_fit=false $(ARGS)
+
+# The job over 3 seeds, mean ± std of its validation and test metrics.
+seeds: data
+	$(BIN)/python multirun.py --config $(CONFIG) --seeds 42 7 123 $(ARGS)
 
 test: install
 	$(BIN)/python -m pytest
