@@ -1,4 +1,4 @@
-"""Logger presets: CSV, MLflow and W&B (offline) get metrics, images, tables and the config, and resume continues a run."""
+"""Logger presets: CSV, MLflow, W&B offline get metrics, images, tables and the config; resume continues a run."""
 
 from __future__ import annotations
 
