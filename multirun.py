@@ -11,6 +11,7 @@ finished runs are kept, an interrupted one resumes from its last.ckpt.
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 from pathlib import Path
 
@@ -33,6 +34,9 @@ def main(argv: list[str] | None = None) -> None:
         results, out = run_all(flags, name, args.seeds, args.folds)
     except (ValueError, runs.FlagError) as err:
         sys.exit(f"multirun.py: {err}")
+    except runs.Interrupted:
+        print("Stopped: run the same command to finish the set.", flush=True)
+        sys.exit(128 + signal.SIGTERM)
     print(write_summary(results, out), flush=True)
 
 

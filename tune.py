@@ -5,7 +5,7 @@
 
 Flags after the options below go to every trial's `train.py fit` (a shorter budget, a preset).
 Run the same command again to continue a stopped search; run it on several machines with one
-`--storage` URL to search in parallel. Results: logs/tune/<study>/{results.csv,results.md,best.yaml,plots/}.
+`--storage` URL to search in parallel. Results: logs/tune/<study>/{results.csv,results.md,<study>_best.yaml,plots/}.
 See experiments/search.py for how interruptions are handled.
 """
 
@@ -17,7 +17,6 @@ import sys
 from pathlib import Path
 
 import optuna
-from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from experiments import runs
 from experiments.search import Search, SearchError, make_pruner, make_sampler, open_storage, recover, write_report
@@ -46,6 +45,7 @@ def main(argv: list[str] | None = None) -> None:
         params = load_space(args.search)
         job_flags = [f"--config={c}" for c in args.config]
         cli = runs.parse([*job_flags, *train_flags])
+        runs.check_single_process([*job_flags, *train_flags], "tune.py")
         for param in params:  # each key on its own, so the error names it
             try:
                 cli = runs.parse([*job_flags, *train_flags, runs.flag(param.key, param.example())])
@@ -68,16 +68,14 @@ def main(argv: list[str] | None = None) -> None:
             direction="maximize" if mode == "max" else "minimize",
             load_if_exists=True,
         )
-    except (SpaceError, SearchError) as err:
+    except (SpaceError, SearchError, runs.FlagError) as err:
         sys.exit(f"tune.py: {err}")
-    logger_args = getattr(config.trainer.get("logger"), "init_args", None)
-    save_dir = str(getattr(logger_args, "save_dir", None) or "logs")
-    search = Search(study, job_flags, train_flags, params, args.trials, f"tune/{study_name}", save_dir, monitor)
+    search = Search(study, job_flags, train_flags, params, args.trials, f"tune/{study_name}", monitor, storage)
     recover(study, storage)
     print(f"Study '{study_name}': {args.trials - search.budget_left()} of {args.trials} trials done or running.")
     try:
         search.run(on_trial_end=lambda: write_report(study, search, out, final=False))
-    except SIGTERMException:  # Ctrl-C or SIGTERM: the trial saved its last.ckpt and is resumed next time
+    except runs.Interrupted:  # Ctrl-C or SIGTERM: the trial saved its last.ckpt and is resumed next time
         print("Search stopped: run the same command to continue it.", flush=True)
         sys.exit(128 + signal.SIGTERM)
     finally:

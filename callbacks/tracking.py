@@ -85,11 +85,22 @@ def run_dir(trainer: Trainer) -> Path:
     return Path(root) / str(logger.name) / str(logger.version)
 
 
+def run_id(logger: Logger) -> str:
+    """What names the run to its logger: the version folder (TensorBoard, CSV) or the tracker's run id."""
+    if isinstance(logger, (TensorBoardLogger, CSVLogger)):
+        return Path(logger.log_dir).name  # `version_3`, as the `version` argument takes it back
+    return str(logger.version)
+
+
+def tracker_runs_of(trainer: Trainer) -> dict[str, str]:
+    return {type(lg).__name__: run_id(lg) for lg in trainer.loggers}
+
+
 class TrackerRun(Callback):
     """Stores {logger class: run id} in every checkpoint (read back by train.py on `--ckpt_path`)."""
 
     def on_save_checkpoint(self, trainer: Trainer, pl_module: LightningModule, checkpoint: dict[str, Any]) -> None:
-        checkpoint[CHECKPOINT_KEY] = {type(lg).__name__: str(lg.version) for lg in trainer.loggers}
+        checkpoint[CHECKPOINT_KEY] = tracker_runs_of(trainer)
 
 
 def tracker_runs(checkpoint_path: str) -> dict[str, str]:

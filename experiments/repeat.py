@@ -1,8 +1,9 @@
 """The same job over several seeds or k folds, each an ordinary train.py run, summarised as mean ± std.
 
-Runs go to `<save_dir>/multirun/<name>/{seed_42,fold_0,...}/`. A finished run leaves
-`result.json` and is not run again; an interrupted one is resumed from its last.ckpt (exact
-resume), so rerunning the same command after a stop finishes the set.
+Runs go to `logs/multirun/<name>/{seed_42,fold_0,...}/` (with MLflow or W&B, to the tracker, named
+so). A finished run leaves `result.json` there and is not run again; an interrupted one is resumed
+from its last.ckpt (exact resume) in the same tracker run, so rerunning the same command after a
+stop finishes the set.
 """
 
 from __future__ import annotations
@@ -31,25 +32,25 @@ def run_all(
 ) -> tuple[list[dict[str, Any]], Path]:
     """Every run's result (running what is not done yet), and the folder that holds them."""
     todo = variants(seeds, folds)
-    cli = runs.parse([*base_flags, *todo[0][1]])  # fail on a bad flag before the first run
-    logger_args = getattr(cli.config.trainer.get("logger"), "init_args", None)
-    out = Path(getattr(logger_args, "save_dir", None) or "logs") / "multirun" / name
+    runs.parse([*base_flags, *todo[0][1]])  # fail on a bad flag before the first run
+    runs.check_single_process(base_flags, "multirun.py")
+    out = Path("logs") / "multirun" / name
     results = []
     for folder, flags in todo:
-        run_dir = out / folder
-        done = run_dir / "result.json"
+        record_file, done = out / folder / "run.json", out / folder / "result.json"
         if done.is_file():
             print(f"{folder}: done before ({done})", flush=True)
             results.append(json.loads(done.read_text()))
             continue
         run_flags = [*base_flags, *flags]
         run_flags += runs.logger_flags(run_flags, f"multirun/{name}", folder)
-        checkpoint = runs.last_checkpoint(run_dir)
-        if checkpoint is not None:
-            print(f"{folder}: resuming from {checkpoint}", flush=True)
-            run_flags.append(f"--ckpt_path={checkpoint}")
-        result = {"run": folder, **asdict(runs.fit(run_flags))}
-        run_dir.mkdir(parents=True, exist_ok=True)
+        record = json.loads(record_file.read_text()) if record_file.is_file() else None
+        resumed = runs.resume_flags(record, run_flags)
+        if resumed:
+            print(f"{folder}: resuming ({resumed[0]})", flush=True)
+        record_file.parent.mkdir(parents=True, exist_ok=True)
+        started = runs.RunStarted(lambda started, path=record_file: path.write_text(json.dumps(started)))
+        result = {"run": folder, **asdict(runs.fit([*run_flags, *resumed], callbacks=[started]))}
         done.write_text(json.dumps(result, indent=1))
         results.append(result)
     return results, out

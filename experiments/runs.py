@@ -11,12 +11,15 @@ import os
 import subprocess
 import sys
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from lightning import Callback
+from lightning import Callback, LightningModule, Trainer
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 
+from callbacks.tracking import RUN_ARG, run_dir, tracker_runs_of
 from train import ROOT, TemplateCLI, installed_callbacks
 
 # Runs here are driven with explicit flags by design, whatever this process's own argv is.
@@ -25,6 +28,47 @@ warnings.filterwarnings("ignore", message="LightningCLI's args parameter is inte
 
 class FlagError(ValueError):
     """train.py would refuse these flags (unknown key, wrong type)."""
+
+
+class Interrupted(Exception):  # not an error: a stop the user asked for
+    """The run was stopped by Ctrl-C or SIGTERM after saving its last.ckpt."""
+
+
+class RunStarted(Callback):
+    """Tells `on_start` where the run writes ({"run_dir", "tracker_runs"}) as soon as it starts, so an
+    interrupted run can be found and continued (checkpoints and tracker run), whatever the logger."""
+
+    def __init__(self, on_start: Callable[[dict[str, Any]], None]) -> None:
+        self.on_start = on_start
+
+    def on_fit_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if trainer.is_global_zero:
+            self.on_start({"run_dir": str(run_dir(trainer)), "tracker_runs": tracker_runs_of(trainer)})
+
+
+def resume_flags(record: dict[str, Any] | None, flags: list[str]) -> list[str]:
+    """Flags that continue the run `record` (from RunStarted) from its last.ckpt, in the same tracker run."""
+    if not record:
+        return []
+    checkpoint = Path(record["run_dir"]) / "checkpoints" / "last.ckpt"
+    if not checkpoint.is_file():
+        return []
+    logger = parse(flags).config.trainer.get("logger")
+    logger_class = str(getattr(logger, "class_path", "")).rpartition(".")[2]
+    resumed = [f"--ckpt_path={checkpoint}"]
+    if logger_class in record["tracker_runs"] and logger_class in RUN_ARG:
+        resumed.append(f"--trainer.logger.init_args.{RUN_ARG[logger_class]}={record['tracker_runs'][logger_class]}")
+    return resumed
+
+
+def check_single_process(flags: list[str], tool: str) -> None:
+    """Runs here share this process: a launcher that re-runs the script per rank (DDP) would repeat the loop."""
+    trainer = parse(flags).config.trainer
+    if "ddp" in str(trainer.get("strategy")) or trainer.get("num_nodes", 1) > 1:
+        raise FlagError(
+            f"{tool} runs each training in its own process and cannot launch DDP: drop the ddp strategy/preset"
+            " (run several tune.py processes on one --storage instead, one per GPU, with CUDA_VISIBLE_DEVICES)."
+        )
 
 
 @dataclass
@@ -109,11 +153,17 @@ def logger_flags(flags: list[str], group: str, run: str) -> list[str]:
 
 
 def fit(flags: list[str], callbacks: list[Callback] | None = None) -> RunResult:
-    """`train.py fit <flags>` in this process. Lightning's SIGTERMException (Ctrl-C, SIGTERM) propagates."""
-    cli = TemplateCLI(
-        args=["fit", *flags],
-        trainer_defaults={"callbacks": installed_callbacks() + list(callbacks or [])},
-    )
+    """`train.py fit <flags>` in this process; `Interrupted` if stopped by Ctrl-C or SIGTERM."""
+    try:
+        cli = TemplateCLI(
+            args=["fit", *flags],
+            trainer_defaults={"callbacks": installed_callbacks() + list(callbacks or [])},
+        )
+    except SIGTERMException as stop:
+        raise Interrupted("stopped by Ctrl-C or SIGTERM; its last.ckpt is saved") from stop
+    finally:
+        if "wandb" in sys.modules:  # close the W&B run, or the next run in this process would join it
+            sys.modules["wandb"].finish()
     trainer = cli.trainer
     best = next((c for c in trainer.checkpoint_callbacks if c.monitor), None)
     monitor = getattr(best, "monitor", None) or ""
@@ -128,6 +178,24 @@ def fit(flags: list[str], callbacks: list[Callback] | None = None) -> RunResult:
     )
 
 
-def last_checkpoint(log_dir: Path) -> Path | None:
-    path = log_dir / "checkpoints" / "last.ckpt"
-    return path if path.is_file() else None
+# Flags that only set a run's length or console output: a search's budget, not part of the job.
+BUDGET_KEYS = {
+    "trainer.max_epochs", "trainer.max_steps", "trainer.max_time", "trainer.limit_train_batches",
+    "trainer.limit_val_batches", "trainer.limit_test_batches", "trainer.limit_predict_batches",
+    "trainer.enable_progress_bar", "trainer.enable_model_summary", "test_after_fit", "early_stopping.patience",
+}  # fmt: skip
+
+
+def without_budget(flags: list[str]) -> list[str]:
+    """`flags` without the budget flags (`--key=value` or `--key value`)."""
+    kept, skip_value = [], False
+    for i, token in enumerate(flags):
+        if skip_value:
+            skip_value = False
+            continue
+        key = token.removeprefix("--").split("=")[0]
+        if token.startswith("--") and key in BUDGET_KEYS:
+            skip_value = "=" not in token and i + 1 < len(flags) and not flags[i + 1].startswith("--")
+            continue
+        kept.append(token)
+    return kept

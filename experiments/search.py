@@ -43,8 +43,12 @@ class SearchError(ValueError):
     pass
 
 
-class _Skip(Exception):
+class _Skip(Exception):  # a trial that must not run: over budget, or a duplicate
     pass
+
+
+class TrialError(Exception):
+    """A trial's training failed (NaN loss, out of memory, ...): recorded, and the search goes on."""
 
 
 def open_storage(url: str) -> RDBStorage:
@@ -78,23 +82,32 @@ def make_pruner(name: str, warmup_epochs: int) -> optuna.pruners.BasePruner:
     raise SearchError(f"--pruner {name}: choose median or none.")
 
 
-def _process_alive(pid: int) -> bool:
+def _process_token(pid: int) -> str:
+    """pid and start time (Linux /proc), so a reused pid is not taken for the process that died."""
+    try:
+        return f"{pid}:{Path(f'/proc/{pid}/stat').read_text().rsplit(')', 1)[1].split()[19]}"
+    except (OSError, IndexError):
+        return f"{pid}:"
+
+
+def _process_alive(token: str) -> bool:
+    pid = int(token.split(":")[0])
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
         return True
-    return True
+    return _process_token(pid) == token
 
 
 def recover(study: optuna.Study, storage: RDBStorage) -> None:
     """Fail this machine's trials whose process died, then queue every interrupted trial once more."""
     optuna.storages.fail_stale_trials(study)  # other machines' trials whose heartbeat stopped
-    host = socket.gethostname()
+    host, me = socket.gethostname(), _process_token(os.getpid())
     for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
         attrs = trial.user_attrs
-        if attrs.get("host") == host and attrs.get("pid") != os.getpid() and not _process_alive(attrs.get("pid", 0)):
+        if attrs.get("host") == host and attrs.get("process", me) != me and not _process_alive(attrs["process"]):
             storage.set_trial_user_attr(trial._trial_id, "interrupted", "process died")
             storage.set_trial_state_values(trial._trial_id, state=TrialState.FAIL)
     trials = study.get_trials(deepcopy=False)
@@ -106,8 +119,10 @@ def recover(study: optuna.Study, storage: RDBStorage) -> None:
             and not any(key in trial.user_attrs for key in NOT_RUN)
             and trial.number not in requeued
         ):
-            folder = trial.user_attrs.get("folder", f"trial_{trial.number:04d}")
-            study.enqueue_trial(trial.params, user_attrs={"resumes": trial.number, "folder": folder})
+            attrs = {"resumes": trial.number, "folder": trial.user_attrs.get("folder", f"trial_{trial.number:04d}")}
+            if "run" in trial.user_attrs:
+                attrs["run"] = trial.user_attrs["run"]  # where its last.ckpt and tracker run are
+            study.enqueue_trial(trial.params, user_attrs=attrs)
 
 
 @dataclass
@@ -119,9 +134,9 @@ class Search:
     extra_flags: list[str]  # any other train.py flags given to every trial (e.g. a shorter budget)
     params: list[Param]
     trials: int
-    group: str  # runs go to <save_dir>/<group>/<folder>/
-    save_dir: str
+    group: str  # runs go to <save_dir>/<group>/<folder>/ (TensorBoard, CSV) or are named so (MLflow, W&B)
     monitor: str
+    storage: RDBStorage
 
     @property
     def base_flags(self) -> list[str]:
@@ -133,7 +148,7 @@ class Search:
 
     def objective(self, trial: optuna.Trial) -> float:
         trial.set_user_attr("host", socket.gethostname())
-        trial.set_user_attr("pid", os.getpid())
+        trial.set_user_attr("process", _process_token(os.getpid()))
         earlier = [
             t for t in self.study.get_trials(deepcopy=False, states=(*COUNTED, TrialState.RUNNING))
             if t.number < trial.number
@@ -150,35 +165,36 @@ class Search:
         trial.set_user_attr("folder", folder)
         flags = [*self.base_flags, *(runs.flag(k, v) for k, v in values.items())]
         flags += runs.logger_flags(flags, self.group, folder)
-        if "resumes" in trial.user_attrs:  # an interrupted trial: continue its run from its last.ckpt
-            checkpoint = runs.last_checkpoint(Path(self.save_dir) / self.group / folder)
-            if checkpoint is not None:
-                flags.append(f"--ckpt_path={checkpoint}")
-        pruning = PyTorchLightningPruningCallback(trial, monitor=self.monitor)
+        flags += runs.resume_flags(trial.user_attrs.get("run"), flags)  # an interrupted trial continues
+        callbacks = [
+            PyTorchLightningPruningCallback(trial, monitor=self.monitor),
+            runs.RunStarted(lambda record: trial.set_user_attr("run", record)),
+        ]
         try:
-            result = runs.fit(flags, callbacks=[pruning])
-        except optuna.TrialPruned:
+            result = runs.fit(flags, callbacks=callbacks)
+        except (optuna.TrialPruned, runs.Interrupted):  # pruned; or stopped, and queued again next time
             raise
         except Exception as err:
-            if type(err).__name__ != "SIGTERMException":  # Ctrl-C/SIGTERM: queued again next time
-                trial.set_user_attr("error", f"{type(err).__name__}: {err}"[:500])
-            raise
-        trial.set_user_attr("log_dir", result.log_dir)
+            trial.set_user_attr("error", f"{type(err).__name__}: {err}"[:500])
+            raise TrialError(f"trial {trial.number}: {type(err).__name__}: {err}") from err
         trial.set_user_attr("metrics", result.metrics)
         if not math.isfinite(result.best_score):
             trial.set_user_attr("error", f"no finite {self.monitor} (did validation run?)")
-            raise SearchError(f"trial {trial.number}: no finite {self.monitor}")
+            raise TrialError(f"trial {trial.number}: no finite {self.monitor}")
         return result.best_score
 
     def run(self, on_trial_end: Callable[[], None] | None = None) -> None:
         duplicates_in_a_row = 0
         sampler = self.study.sampler
         while self.budget_left() > 0 and duplicates_in_a_row < 20:
-            if isinstance(sampler, optuna.samplers.GridSampler) and sampler.is_exhausted(self.study):
+            recover(self.study, self.storage)  # e.g. a trial another process left behind
+            waiting = self.study.get_trials(deepcopy=False, states=(TrialState.WAITING,))
+            grid = isinstance(sampler, optuna.samplers.GridSampler)
+            if grid and not waiting and sampler.is_exhausted(self.study):
                 print("The grid is exhausted.", flush=True)
                 break
             before = len(self.study.trials)
-            self.study.optimize(self.objective, n_trials=1, catch=(_Skip,), gc_after_trial=True)
+            self.study.optimize(self.objective, n_trials=1, catch=(_Skip, TrialError), gc_after_trial=True)
             trial = self.study.trials[before] if len(self.study.trials) > before else None
             if trial is not None and "surplus" in trial.user_attrs:
                 break
@@ -235,18 +251,20 @@ def write_report(study: optuna.Study, search: Search, out: Path, final: bool = T
     if not (final and complete):
         return None
     best = study.best_trial
-    flags = [*search.job_flags, *(runs.flag(k, v) for k, v in best.params.items())]
+    kept = runs.without_budget(search.extra_flags)
+    flags = [*search.job_flags, *kept, *(runs.flag(k, v) for k, v in best.params.items())]
+    path = out / f"{study.study_name}_best.yaml"  # its runs are named after the file: logs/<study>_best/
     header = (
         f"# Best trial of study '{study.study_name}': #{best.number}, {search.monitor} = {best.value:.4f}"
-        f" ({search.save_dir}/{search.group}/{best.user_attrs.get('folder', '')}).\n"
-        f"# The job ({', '.join(f.removeprefix('--config=') for f in search.job_flags)}) with the best parameters.\n"
-        f"# Trials also ran with: {' '.join(search.extra_flags) or '(nothing else)'}\n"
-        f"# python train.py fit --config {out / 'best.yaml'}\n"
+        f" (run: {best.user_attrs.get('run', {}).get('run_dir', best.user_attrs.get('folder'))}).\n"
+        f"# The job ({', '.join(f.removeprefix('--config=') for f in search.job_flags)}) with the best parameters;"
+        f" the search's budget flags are left out: {' '.join(sorted(set(search.extra_flags) - set(kept))) or 'none'}\n"
+        f"# python train.py fit --config {path}\n"
     )
     body = runs.job_config_yaml(flags)
-    _atomic_write(out / "best.yaml", lambda f: f.write(header + body))
+    _atomic_write(path, lambda f: f.write(header + body))
     _plots(study, out / "plots")
-    return out / "best.yaml"
+    return path
 
 
 def _write_csv(f: Any, columns: list[str], rows: list[dict[str, Any]]) -> None:

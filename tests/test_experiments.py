@@ -62,12 +62,12 @@ def test_search_prunes_a_bad_trial_and_writes_table_plots_and_best_config(tmp_pa
         "optimization_history.png", "parallel_coordinate.png", "param_importances.png",
     }  # fmt: skip
     best = max(complete, key=lambda r: float(r["value"]))
-    best_config = yaml.safe_load((out / "best.yaml").read_text())
+    best_config = yaml.safe_load((out / "s_best.yaml").read_text())
     assert best_config["model"]["init_args"]["optimizer"]["init_args"]["lr"] == float(
         best["model.optimizer.init_args.lr"]
     )
     assert "max_epochs" not in best_config.get("trainer", {}) or best_config["trainer"]["max_epochs"] == 6
-    runs.parse([f"--config={out / 'best.yaml'}"])  # ready to run with train.py
+    runs.parse([f"--config={out / 's_best.yaml'}"])  # ready to run with train.py
 
 
 def start_search(cwd: Path, study: str, trials: int, space: Path, *extra: str) -> subprocess.Popen:
@@ -82,34 +82,46 @@ LONGER = ["--trainer.limit_train_batches=40", "--trainer.limit_val_batches=2", "
           "--trainer.enable_progress_bar=false", "--test_after_fit=false"]  # fmt: skip
 
 
+def stop_when(process: subprocess.Popen, path: Path, signum: int) -> None:
+    """Send `signum` as soon as `path` exists (a trial's first epoch-end checkpoint): in the middle of that trial."""
+    deadline = time.monotonic() + 240
+    while not path.exists() and process.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    process.send_signal(signum)
+    output = process.communicate()[0]
+    assert path.exists(), output[-3000:]
+
+
 @pytest.mark.slow
-def test_search_killed_mid_trial_resumes_that_trial_and_finishes_the_exact_count(tmp_path):
+def test_search_stopped_by_sigterm_or_killed_resumes_the_trial_and_finishes_the_exact_count(tmp_path):
     space = write_space(tmp_path / "space.yaml", SPACE)
     out = tmp_path / "logs" / "tune" / "k"
-    first = start_search(tmp_path, "k", 3, space, *LONGER)
-    epoch_end = out / "trial_0001" / "checkpoints" / "last.ckpt"
-    deadline = time.monotonic() + 240
-    while not epoch_end.exists() and first.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.05)
-    first.send_signal(signal.SIGKILL)  # no clean-up of any kind: the trial stays RUNNING in the database
-    first.wait()
-    assert epoch_end.exists(), first.stdout.read()[-3000:]
-    killed = load(out, "k").trials[1]
-    assert killed.state == TrialState.RUNNING  # killed in the middle of the trial
+    first = start_search(tmp_path, "k", 2, space, *LONGER)
+    stop_when(first, out / "trial_0000" / "checkpoints" / "last.ckpt", signal.SIGTERM)
+    assert first.returncode == 143  # stopped at a step boundary, last.ckpt saved
+    (stopped,) = load(out, "k").trials
+    assert stopped.state == TrialState.FAIL and "error" not in stopped.user_attrs
 
-    result = run_cli("--config", JOB, "--search", str(space), "--trials", "3", "--study", "k", "--sampler",
+    second = start_search(tmp_path, "k", 2, space, *LONGER)
+    stop_when(second, out / "trial_0002" / "checkpoints" / "last.ckpt", signal.SIGKILL)  # no clean-up at all
+    study = load(out, "k")
+    assert study.trials[1].user_attrs["resumes"] == 0 and study.trials[1].state == TrialState.COMPLETE
+    assert study.trials[2].state == TrialState.RUNNING  # killed in the middle of the trial
+
+    result = run_cli("--config", JOB, "--search", str(space), "--trials", "2", "--study", "k", "--sampler",
                      "random", "--pruner", "none", *LONGER, cwd=tmp_path, script="tune.py")  # fmt: skip
     study = load(out, "k")
-    finished = study.get_trials(states=(TrialState.COMPLETE,))
-    assert len(finished) == 3
-    assert study.trials[1].state == TrialState.FAIL and study.trials[1].user_attrs["interrupted"] == "process died"
-    resumed = next(t for t in finished if t.user_attrs.get("resumes") == 1)
-    assert resumed.params == killed.params and resumed.user_attrs["folder"] == "trial_0001"
-    assert f"Restoring states from the checkpoint path at {Path('logs/tune/k/trial_0001/checkpoints/last.ckpt')}" in (
-        result.stdout + result.stderr
-    )  # resumed from its last.ckpt, not rerun from scratch
-    assert sorted(t.user_attrs["folder"] for t in finished) == ["trial_0000", "trial_0001", "trial_0003"]
-    assert f"interrupted, resumed as #{resumed.number}" in (out / "results.md").read_text()
+    assert [t.state for t in study.trials] == [TrialState.FAIL, TrialState.COMPLETE, TrialState.FAIL,
+                                               TrialState.COMPLETE]  # fmt: skip
+    assert study.trials[2].user_attrs["interrupted"] == "process died"
+    for interrupted, resumed in ((0, 1), (2, 3)):  # same parameters, same folder, counted once
+        assert study.trials[resumed].user_attrs["resumes"] == interrupted
+        assert study.trials[resumed].params == study.trials[interrupted].params
+        assert study.trials[resumed].user_attrs["folder"] == f"trial_{interrupted:04d}"
+    checkpoint = Path("logs/tune/k/trial_0002/checkpoints/last.ckpt")
+    assert f"Restoring states from the checkpoint path at {checkpoint}" in result.stdout + result.stderr
+    table = (out / "results.md").read_text()
+    assert "interrupted, resumed as #1" in table and "interrupted, resumed as #3" in table
 
 
 @pytest.mark.slow
@@ -123,7 +135,7 @@ def test_two_processes_on_one_storage_share_the_budget_without_duplicates(tmp_pa
     assert len(finished) == 4
     assert len({tuple(sorted(t.params.items())) for t in finished}) == 4
     assert len({t.user_attrs["folder"] for t in finished}) == 4
-    assert len({t.user_attrs["pid"] for t in finished}) == 2  # both processes ran trials
+    assert len({t.user_attrs["process"] for t in finished}) == 2  # both processes ran trials
 
 
 @pytest.mark.parametrize(
