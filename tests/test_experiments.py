@@ -16,6 +16,7 @@ import pytest
 import yaml
 from optuna.trial import TrialState
 
+import multirun
 import tune
 from experiments import runs
 from experiments.space import SpaceError, load_space
@@ -173,8 +174,9 @@ def test_search_refuses_unknown_key_or_bad_storage_before_training(
 
 
 @pytest.mark.slow
-def test_three_fold_run_summarises_mean_and_std_and_skips_finished_folds(tmp_path):
-    run_cli("--config", JOB, "--folds", "3", "--name", "cv", *TINY, cwd=tmp_path, script="multirun.py")
+def test_three_fold_run_summarises_mean_and_std_and_skips_finished_folds(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    multirun.main(["--config", JOB, "--folds", "3", "--name", "cv", *TINY])
     out = tmp_path / "logs" / "multirun" / "cv"
     summary = (out / "summary.md").read_text().splitlines()
     assert summary[0].startswith("| run | best val_acc |")
@@ -185,5 +187,6 @@ def test_three_fold_run_summarises_mean_and_std_and_skips_finished_folds(tmp_pat
     for i in range(3):  # each fold is an ordinary run of fold i
         config = yaml.safe_load((out / f"fold_{i}" / "config.yaml").read_text())
         assert config["data"]["init_args"]["num_folds"] == 3 and config["data"]["init_args"]["fold"] == i
-    again = run_cli("--config", JOB, "--folds", "3", "--name", "cv", *TINY, cwd=tmp_path, script="multirun.py")
-    assert again.stdout.count("done before") == 3
+    capsys.readouterr()
+    multirun.main(["--config", JOB, "--folds", "3", "--name", "cv", *TINY])
+    assert capsys.readouterr().out.count("done before") == 3

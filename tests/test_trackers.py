@@ -3,25 +3,30 @@
 from __future__ import annotations
 
 import csv
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import QUICK, ROOT, run_cli
+from experiments import runs
+from tests.conftest import QUICK, ROOT
 
 JOB = str(ROOT / "configs" / "simple_cnn.yaml")
 PRESETS = ROOT / "configs" / "presets"
 
 
-def fit(tmp_path: Path, preset: str, *extra: str) -> subprocess.CompletedProcess:
-    return run_cli("fit", "--config", JOB, "--config", str(PRESETS / preset), *QUICK, "--trainer.max_epochs=1",
-                   "--test_after_fit=false", *extra, cwd=tmp_path)  # fmt: skip
+def fit(tmp_path: Path, preset: str, *extra: str) -> None:
+    """`train.py fit` in this process (as experiments/ runs it), from `tmp_path`."""
+    os.chdir(tmp_path)
+    runs.fit(["--config", JOB, "--config", str(PRESETS / preset), *QUICK, "--trainer.max_epochs=1",
+              "--test_after_fit=false", *extra])  # fmt: skip
 
 
 @pytest.mark.slow
-def test_mlflow_run_holds_params_metrics_images_and_config_and_resume_continues_it(tmp_path: Path) -> None:
+def test_mlflow_run_holds_params_metrics_images_and_config_and_resume_continues_it(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)
     import mlflow
 
     fit(tmp_path, "mlflow.yaml")
@@ -40,7 +45,8 @@ def test_mlflow_run_holds_params_metrics_images_and_config_and_resume_continues_
 
 
 @pytest.mark.slow
-def test_csv_and_wandb_offline_presets_write_their_files(tmp_path: Path) -> None:
+def test_csv_and_wandb_offline_presets_write_their_files(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)
     fit(tmp_path, "csv_logger.yaml")
     (run_dir,) = (tmp_path / "logs" / "simple_cnn").glob("version_*")
     rows = list(csv.DictReader((run_dir / "metrics.csv").open()))
