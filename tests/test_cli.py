@@ -154,17 +154,6 @@ def test_any_torch_optimizer_from_the_command_line_or_a_yaml(tmp_path: Path, mon
         assert optimizer.param_groups[0]["initial_lr"] == 0.05
 
 
-@pytest.mark.slow
-def test_other_loggers_get_the_final_metrics(tmp_path: Path, fashion_mnist_dir) -> None:
-    result = run_cli(
-        "fit", "--config", str(ROOT / "configs/simple_cnn.yaml"), "--trainer.max_epochs=1", *QUICK,
-        "--trainer.logger=lightning.pytorch.loggers.CSVLogger", cwd=tmp_path,
-    )  # fmt: skip
-    assert "logs (CSVLogger): logs/simple_cnn/version_0" in result.stdout
-    metrics = (tmp_path / "logs/simple_cnn/version_0/metrics.csv").read_text()
-    assert "final/test_acc" in metrics.splitlines()[0] and "lr-AdamW/head" in metrics
-
-
 def test_runs_without_a_logger(tmp_path: Path, monkeypatch, fashion_mnist_dir) -> None:
     monkeypatch.chdir(tmp_path)
     flags = ["--trainer.max_epochs=1", "--trainer.limit_train_batches=2", "--trainer.limit_val_batches=1"]

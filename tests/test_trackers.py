@@ -51,6 +51,7 @@ def test_csv_and_wandb_offline_presets_write_their_files(tmp_path: Path, monkeyp
     (run_dir,) = (tmp_path / "logs" / "simple_cnn").glob("version_*")
     rows = list(csv.DictReader((run_dir / "metrics.csv").open()))
     assert any(row.get("val_acc") for row in rows) and any(row.get("lr-AdamW/head") for row in rows)
+    assert any(row.get("final/val_acc") for row in rows)  # the run's summary, as TensorBoard gets in HPARAMS
     assert (run_dir / "images" / "val" / "confusion_matrix" / "step_0000010.png").is_file()
     assert "true \\ predicted" in (run_dir / "tables" / "val" / "confusion_matrix" / "step_0000010.csv").read_text()
 
