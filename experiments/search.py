@@ -103,7 +103,9 @@ def _process_alive(token: str) -> bool:
 
 def recover(study: optuna.Study, storage: RDBStorage) -> None:
     """Fail this machine's trials whose process died, then queue every interrupted trial once more."""
-    optuna.storages.fail_stale_trials(study)  # other machines' trials whose heartbeat stopped
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        optuna.storages.fail_stale_trials(study)  # other machines' trials whose heartbeat stopped
     host, me = socket.gethostname(), _process_token(os.getpid())
     for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
         attrs = trial.user_attrs
