@@ -29,8 +29,9 @@ def test_mlflow_run_holds_params_metrics_images_and_config_and_resume_continues_
     monkeypatch.chdir(tmp_path)
     import mlflow
 
-    fit(tmp_path, "mlflow.yaml")
-    fit(tmp_path, "mlflow.yaml", "--trainer.max_epochs=2", "--ckpt_path=last")
+    store = f"--trainer.logger.init_args.tracking_uri=sqlite:///{tmp_path / 'logs' / 'mlflow.db'}"
+    fit(tmp_path, "mlflow.yaml", store)
+    fit(tmp_path, "mlflow.yaml", store, "--trainer.max_epochs=2", "--ckpt_path=last")
     client = mlflow.MlflowClient(f"sqlite:///{tmp_path / 'logs' / 'mlflow.db'}")
     experiment = client.get_experiment_by_name("simple_cnn")  # named after the job
     (run,) = client.search_runs([experiment.experiment_id])  # resumed into the same run, not a second one
