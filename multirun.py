@@ -38,6 +38,7 @@ def main(argv: list[str] | None = None) -> None:
         print("Stopped: run the same command to finish the set.", flush=True)
         sys.exit(128 + signal.SIGTERM)
     print(write_summary(results, out), flush=True)
+    print(f"Summary: {out / 'summary.md'} and summary.csv", flush=True)
 
 
 if __name__ == "__main__":

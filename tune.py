@@ -23,8 +23,12 @@ from experiments.search import Search, SearchError, make_pruner, make_sampler, o
 from experiments.space import SpaceError, load_space
 
 
+class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
+    pass
+
+
 def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
     parser.add_argument("--config", action="append", required=True, help="Job config(s), as for train.py.")
     parser.add_argument("--search", type=Path, required=True, help="Search space YAML (configs/search/).")
     parser.add_argument("--trials", type=int, default=20, help="Finished trials (complete or pruned) to reach.")
@@ -78,9 +82,14 @@ def main(argv: list[str] | None = None) -> None:
     except runs.Interrupted:  # Ctrl-C or SIGTERM: the trial saved its last.ckpt and is resumed next time
         print("Search stopped: run the same command to continue it.", flush=True)
         sys.exit(128 + signal.SIGTERM)
+    except SearchError as err:
+        print(f"tune.py: {err}", file=sys.stderr, flush=True)
+        sys.exit(1)
     finally:
         best = write_report(study, search, out)
-        print(f"Results: {out}/results.md" + (f"; best config: {best}" if best else ""), flush=True)
+        print(f"Results: {out}/results.md", flush=True)
+        if best:
+            print(f"Best config: {best}\nTrain it: python train.py fit --config {best}", flush=True)
 
 
 if __name__ == "__main__":

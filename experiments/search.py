@@ -55,7 +55,9 @@ def open_storage(url: str) -> RDBStorage:
     if url.startswith("sqlite:///"):
         Path(url.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
     try:
-        return RDBStorage(url, heartbeat_interval=HEARTBEAT_S, grace_period=GRACE_S)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)  # the heartbeat
+            return RDBStorage(url, heartbeat_interval=HEARTBEAT_S, grace_period=GRACE_S)
     except Exception as err:
         raise SearchError(
             f"--storage {url}: cannot be opened ({type(err).__name__}: {str(err).splitlines()[0]}). Use"
@@ -177,8 +179,11 @@ class Search:
         except (optuna.TrialPruned, runs.Interrupted):  # pruned; or stopped, and queued again next time
             raise
         except Exception as err:
-            trial.set_user_attr("error", f"{type(err).__name__}: {err}"[:500])
-            raise TrialError(f"trial {trial.number}: {type(err).__name__}: {err}") from err
+            message = f"{type(err).__name__}: {err}"
+            trial.set_user_attr("error", message[:500])
+            if "run" not in trial.user_attrs:  # failed while building the run: a setting, not bad luck
+                raise SearchError(f"trial {trial.number} failed before training started:\n{message}") from None
+            raise TrialError(f"trial {trial.number}: {message}") from err
         trial.set_user_attr("metrics", result.metrics)
         if not math.isfinite(result.best_score):
             trial.set_user_attr("error", f"no finite {self.monitor} (did validation run?)")
@@ -186,7 +191,7 @@ class Search:
         return result.best_score
 
     def run(self, on_trial_end: Callable[[], None] | None = None) -> None:
-        duplicates_in_a_row = 0
+        duplicates_in_a_row = failures_in_a_row = 0
         sampler = self.study.sampler
         while self.budget_left() > 0 and duplicates_in_a_row < 20:
             recover(self.study, self.storage)  # e.g. a trial another process left behind
@@ -201,6 +206,9 @@ class Search:
             if trial is not None and "surplus" in trial.user_attrs:
                 break
             duplicates_in_a_row = duplicates_in_a_row + 1 if trial and "duplicate_of" in trial.user_attrs else 0
+            failures_in_a_row = failures_in_a_row + 1 if trial and "error" in trial.user_attrs else 0
+            if failures_in_a_row == 3:
+                raise SearchError(f"3 trials in a row failed, the last with: {trial.user_attrs['error']}")
             if on_trial_end is not None:
                 on_trial_end()
         if duplicates_in_a_row >= 20:
@@ -218,7 +226,7 @@ def trial_rows(study: optuna.Study) -> list[dict[str, Any]]:
         if t.number in resumed_by:
             state = f"interrupted, resumed as #{resumed_by[t.number]}"
         elif "error" in t.user_attrs:
-            state = f"failed: {t.user_attrs['error'][:80]}"
+            state = "failed: " + " ".join(t.user_attrs["error"].split())[:80]
         duration = (t.datetime_complete - t.datetime_start).total_seconds() if t.datetime_complete else None
         rows.append(
             {
@@ -237,7 +245,7 @@ def trial_rows(study: optuna.Study) -> list[dict[str, Any]]:
 def _cell(value: Any) -> str:
     if isinstance(value, float):
         return f"{value:.4g}"
-    return "" if value is None else str(value)
+    return "" if value is None else str(value).replace("|", "/")
 
 
 def write_report(study: optuna.Study, search: Search, out: Path, final: bool = True) -> Path | None:

@@ -173,6 +173,16 @@ def test_search_refuses_unknown_key_or_bad_storage_before_training(
     assert not list(tmp_path.glob("logs/tune/*/trial_*"))  # nothing trained
 
 
+def test_a_trial_that_cannot_start_stops_the_search_with_its_error(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    path = write_space(tmp_path / "space.yaml", {"model.dropout": {"uniform": [0, 0.5]}})
+    with pytest.raises(SystemExit) as stop:
+        tune.main(["--config", JOB, "--search", str(path), "--trials=3", "--study=f", *TINY, "--data.num_folds=1"])
+    assert stop.value.code == 1
+    assert "failed before training started" in capsys.readouterr().err
+    assert len(load(tmp_path / "logs" / "tune" / "f", "f").trials) == 1  # not one failing trial after another
+
+
 @pytest.mark.slow
 def test_three_fold_run_summarises_mean_and_std_and_skips_finished_folds(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
