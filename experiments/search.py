@@ -19,7 +19,9 @@ from __future__ import annotations
 import csv
 import math
 import os
+import random
 import socket
+import time
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -54,16 +56,22 @@ class TrialError(Exception):
 def open_storage(url: str) -> RDBStorage:
     if url.startswith("sqlite:///"):
         Path(url.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)  # the heartbeat
-            return RDBStorage(url, heartbeat_interval=HEARTBEAT_S, grace_period=GRACE_S)
-    except Exception as err:
-        raise SearchError(
-            f"--storage {url}: cannot be opened ({type(err).__name__}: {str(err).splitlines()[0]}). Use"
-            " sqlite:///path/to/study.db, or an RDB URL such as postgresql://user:password@host/db whose"
-            " driver is installed."
-        ) from None
+    for attempt in range(10):
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)  # the heartbeat
+                return RDBStorage(url, heartbeat_interval=HEARTBEAT_S, grace_period=GRACE_S)
+        except Exception as err:
+            # Processes started together on a new database race to create its tables: the losers retry.
+            racing = any(word in str(err) for word in ("UNIQUE constraint", "already exists", "locked"))
+            if not racing or attempt == 9:
+                raise SearchError(
+                    f"--storage {url}: cannot be opened ({type(err).__name__}: {str(err).splitlines()[0]}). Use"
+                    " sqlite:///path/to/study.db, or an RDB URL such as postgresql://user:password@host/db whose"
+                    " driver is installed."
+                ) from None
+            time.sleep(0.2 + random.random())
+    raise AssertionError("unreachable")
 
 
 def make_sampler(name: str, params: list[Param], seed: int | None) -> optuna.samplers.BaseSampler:
