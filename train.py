@@ -42,6 +42,7 @@ from callbacks.tracking import (
     can_continue,
     check_tracker_installed,
     experiment_dir,
+    logger_type,
     tracker_runs,
 )
 from datamodules.contract import CHECKPOINT_STATE_ARG, MODEL_LINKS
@@ -125,7 +126,7 @@ class TemplateCLI(LightningCLI):
         config = self.config[subcommand] if subcommand else self.config
         logger = config.trainer.get("logger")
         logger_args = getattr(logger, "init_args", None)
-        logger_class = str(getattr(logger, "class_path", "")).rpartition(".")[2]
+        logger_class = logger_type(logger)
         check_tracker_installed(logger_class)
         experiment_arg = EXPERIMENT_ARG.get(logger_class)
         if experiment_arg and logger_args.get(experiment_arg) in (None, "", "lightning_logs"):
@@ -161,7 +162,7 @@ class TemplateCLI(LightningCLI):
         """
         logger = config.trainer.get("logger")
         init_args = getattr(logger, "init_args", None)
-        logger_class = str(getattr(logger, "class_path", "")).rpartition(".")[2]
+        logger_class = logger_type(logger)
         folder = None if init_args is None else experiment_dir(logger_class, init_args, config.trainer.default_root_dir)
         if folder is None:
             return

@@ -32,6 +32,11 @@ RUN_ARG = {"TensorBoardLogger": "version", "CSVLogger": "version", "MLFlowLogger
 CHECKPOINT_KEY = "tracker_runs"
 
 
+def logger_type(logger_config: Any) -> str:
+    """`TensorBoardLogger` for a parsed `--trainer.logger` ({class_path, init_args}); "" for none."""
+    return str(getattr(logger_config, "class_path", "")).rpartition(".")[2]
+
+
 def _hwc_uint8(image: torch.Tensor) -> Any:
     return (image.clamp(0, 1) * 255).round().to(torch.uint8).permute(1, 2, 0).cpu().numpy()
 

@@ -19,7 +19,7 @@ from typing import Any
 from lightning import Callback, LightningModule, Trainer
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
-from callbacks.tracking import RUN_ARG, run_dir, tracker_runs_of
+from callbacks.tracking import RUN_ARG, logger_type, run_dir, tracker_runs_of
 from train import ROOT, TemplateCLI, installed_callbacks
 
 # Runs here are driven with explicit flags by design, whatever this process's own argv is.
@@ -54,10 +54,10 @@ def resume_flags(record: dict[str, Any] | None, flags: list[str]) -> list[str]:
     if not checkpoint.is_file():
         return []
     logger = parse(flags).config.trainer.get("logger")
-    logger_class = str(getattr(logger, "class_path", "")).rpartition(".")[2]
+    name = logger_type(logger)
     resumed = [f"--ckpt_path={checkpoint}"]
-    if logger_class in record["tracker_runs"] and logger_class in RUN_ARG:
-        resumed.append(f"--trainer.logger.init_args.{RUN_ARG[logger_class]}={record['tracker_runs'][logger_class]}")
+    if name in record["tracker_runs"] and name in RUN_ARG:
+        resumed.append(f"--trainer.logger.init_args.{RUN_ARG[name]}={record['tracker_runs'][name]}")
     return resumed
 
 
