@@ -8,6 +8,7 @@ batch of another size (the batch axis is dynamic):
 - net.onnx         ONNX, run with onnxruntime (`pip install -e '.[export]'` for onnx/onnxruntime)
 - net_state_dict.pt  the bare network's state dict, loadable with torch.load(weights_only=True)
                    into `<Model>(**hparams).net` (hparams in net_hparams.json)
+- serving.json     how raw inputs become the network's input, for `serve.py --onnx_path <out>/net.onnx`
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from typing import Any
 import torch
 from lightning.pytorch.cli import LightningArgumentParser
 
+from serving.backends import SPEC_FILE, SPEC_KEY
 from train import TemplateCLI
 
 
@@ -91,6 +93,8 @@ def main() -> None:
     else:
         print("onnx        skipped: pip install -e '.[export]' (onnx, onnxruntime)")
 
+    spec = checkpoint.get(SPEC_KEY) or datamodule.serving_spec()
+    (out / SPEC_FILE).write_text(json.dumps(spec))
     torch.save(net.state_dict(), out / "net_state_dict.pt")
     hparams = {k: v for k, v in model.hparams.items() if not k.startswith("_")}  # not the CLI's bookkeeping
     (out / "net_hparams.json").write_text(json.dumps({"class": type(model).__name__, **hparams}, indent=2))

@@ -33,6 +33,7 @@ from callbacks import (
     ExactResume,
     FiniteLossGuard,
     ResumeCheckpoint,
+    ServingSpec,
 )
 from callbacks.tracking import (
     EXPERIMENT_ARG,
@@ -54,11 +55,13 @@ SUBCOMMANDS = ("fit", "validate", "test", "predict")
 
 
 def installed_callbacks() -> list[Any]:
-    """In every run: exact resume with its last.ckpt, a stop at NaN, learning rates and images in the logs."""
+    """In every run: exact resume with its last.ckpt, the input spec for serving, a stop at NaN, learning rates and
+    images in the logs."""
     return [
         ExactResume(),
         ResumeCheckpoint(),
         TrackerRun(),
+        ServingSpec(),
         FiniteLossGuard(),
         LearningRateMonitor(logging_interval="step"),
         AugmentedBatchImages(),

@@ -1,7 +1,7 @@
 """Callbacks of this template, selectable in a config as `class_path: callbacks.<Name>`.
 
 train.py installs `ExactResume`, `ResumeCheckpoint`, `FiniteLossGuard`, `AugmentedBatchImages`,
-`ConfusionMatrixImage` and `CSVPredictionWriter` in every run, next to Lightning's best-epoch
+`ConfusionMatrixImage`, `ServingSpec` and `CSVPredictionWriter` in every run, next to Lightning's best-epoch
 `ModelCheckpoint`, `EarlyStopping` and `LearningRateMonitor`."""
 
 from callbacks.exact_resume import ExactResume, ResumeCheckpoint
@@ -9,6 +9,7 @@ from callbacks.finetuning import TwoStageFinetuning
 from callbacks.finite_loss import FiniteLossGuard, NonFiniteLossError
 from callbacks.lr_finder import LRFinder
 from callbacks.prediction_writer import CSVPredictionWriter
+from callbacks.serving_spec import ServingSpec
 from callbacks.visual import AugmentedBatchImages, ConfusionMatrixImage, WeightHistograms
 
 __all__ = [
@@ -20,6 +21,7 @@ __all__ = [
     "LRFinder",
     "NonFiniteLossError",
     "ResumeCheckpoint",
+    "ServingSpec",
     "TwoStageFinetuning",
     "WeightHistograms",
 ]

@@ -56,7 +56,7 @@ class CSVPredictionWriter(BasePredictionWriter):
         for text, label, p, row in zip(
             inputs, predicted.tolist(), confidence.tolist(), probabilities.tolist(), strict=True
         ):
-            self._writer.writerow([text, datamodule.class_names[label], f"{p:.4f}", *(f"{v:.4f}" for v in row)])
+            self._writer.writerow([text, datamodule.class_names[label], f"{p:.6f}", *(f"{v:.6f}" for v in row)])
 
     def on_predict_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         if self._file is not None:

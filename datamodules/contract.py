@@ -13,7 +13,7 @@ uses what the checkpoint was trained with, and needs no training files.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 MODEL_LINKS = ("num_classes", "input_shape", "vocab_size", "pad_id", "max_length")
 CHECKPOINT_STATE_ARG = "state_from_checkpoint"
@@ -48,3 +48,11 @@ class TextData(ClassificationData, Protocol):
 
     @property
     def max_length(self) -> int: ...
+
+
+@runtime_checkable
+class ServableData(ClassificationData, Protocol):
+    def serving_spec(self) -> dict[str, Any]:
+        """How to turn a raw input (an image file, a text) into the model's input, as evaluation does:
+        a JSON-able dict read by serving/preprocess.py and stored in every checkpoint (callbacks.ServingSpec)."""
+        ...

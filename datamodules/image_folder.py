@@ -157,8 +157,9 @@ class ImageFolderDataModule(SplitLoaders, LightningDataModule):
                 *normalize,
             ]
         )
+        self.resize_size = resize_size or round(image_size / 0.875)
         self.eval_transform = v2.Compose(
-            [v2.Resize(resize_size or round(image_size / 0.875), antialias=True), v2.CenterCrop(image_size), *normalize]
+            [v2.Resize(self.resize_size, antialias=True), v2.CenterCrop(image_size), *normalize]
         )
         self.input_shape = (3, image_size, image_size)
         self.splits: dict[str, ClassFolderDataset] = {}
@@ -213,6 +214,14 @@ class ImageFolderDataModule(SplitLoaders, LightningDataModule):
 
     def predict_inputs(self, indices: list[int]) -> list[str]:
         return [self.splits["predict"].samples[i][0] for i in indices]
+
+    def serving_spec(self) -> dict[str, Any]:
+        """How a served model reads an image file: the evaluation transform (RGB, resize, center crop, normalize)."""
+        return {
+            "kind": "image", "class_names": self.class_names, "channels": 3, "convert": "RGB",
+            "resize": self.resize_size, "crop": self.input_shape[1],
+            "mean": list(self.hparams.mean), "std": list(self.hparams.std),
+        }  # fmt: skip
 
 
 def compute_mean_std(folder: Path, image_size: int = 224, max_images: int = 5000) -> tuple[list[float], list[float]]:

@@ -9,6 +9,7 @@ augmentation and normalization run in batches on the device the model runs on.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import torch
 from lightning import LightningDataModule
@@ -199,6 +200,14 @@ class InMemoryImageDataModule(SplitLoaders, LightningDataModule):
     def predict_inputs(self, indices: list[int]) -> list[str]:
         """Names of predicted samples (`predict` runs on the test split), for CSV output."""
         return [f"test[{i}]" for i in indices]
+
+    def serving_spec(self) -> dict[str, Any]:
+        """How a served model reads an image file: this size and channel count, no resize, this normalization."""
+        channels, height, width = self.input_shape
+        return {
+            "kind": "image", "class_names": list(self.class_names), "channels": channels, "size": [height, width],
+            "mean": list(self.mean), "std": list(self.std),
+        }  # fmt: skip
 
     def on_after_batch_transfer(self, batch: Batch, dataloader_idx: int) -> Batch:
         """uint8 -> normalized float on the device; augmentation only while training."""

@@ -319,3 +319,12 @@ class TextClassificationDataModule(SplitLoaders, LightningDataModule):
     def predict_inputs(self, indices: Sequence[int]) -> list[str]:
         """The raw texts behind predicted samples, for writing predictions next to their inputs."""
         return [self.predict_texts[i] for i in indices]
+
+    def serving_spec(self) -> dict[str, Any]:
+        """How a served model reads a text: this tokenizer's vocabulary and rules (serving/preprocess.py)."""
+        tokenizer = self.tokenizer
+        return {
+            "kind": "text", "class_names": list(self.class_names), "vocab": tokenizer.vocab,
+            "token_pattern": TOKEN_PATTERN.pattern, "lowercase": True, "max_length": self.max_length,
+            "pad_id": tokenizer.pad_id, "unk_id": tokenizer.unk_id,
+        }  # fmt: skip

@@ -1,0 +1,79 @@
+"""Serve a trained model over HTTP with LitServe: `POST /predict`, `GET /health`, `GET /info`.
+
+    python serve.py --ckpt_path logs/simple_cnn/version_0/checkpoints/best.ckpt
+    python serve.py --onnx_path exports/simplecnn/net.onnx          # onnxruntime, no torch
+    curl -F file=@shoe.png http://127.0.0.1:8000/predict
+
+The checkpoint carries what the model needs to read raw inputs (image size, resize/crop,
+normalization, or the tokenizer; see serving/preprocess.py), so no data or config is needed.
+Request and answer formats: serving/api.py.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import litserve as ls
+
+from serving.api import ClassifierAPI
+from serving.backends import load_backend
+from serving.middleware import CheckRequestBody
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        description=__doc__,
+        formatter_class=type("Help", (argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter), {}),
+    )
+    model = parser.add_mutually_exclusive_group(required=True)
+    model.add_argument("--ckpt_path", help="A checkpoint written by train.py (torch backend).")
+    model.add_argument("--onnx_path", help="A net.onnx written by export.py, with its serving.json (onnxruntime).")
+    parser.add_argument("--host", default="127.0.0.1", help="Interface to listen on; 0.0.0.0 in a container.")
+    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--accelerator", default="auto", choices=["auto", "cpu", "cuda", "mps"])
+    parser.add_argument("--devices", default="auto", help="Number of devices, or auto.")
+    parser.add_argument("--workers_per_device", type=int, default=1, help="Model copies per device.")
+    parser.add_argument("--max_batch_size", type=int, default=16, help="Requests gathered into one forward pass.")
+    parser.add_argument("--batch_timeout", type=float, default=0.005, help="Seconds to wait for a batch to fill.")
+    parser.add_argument("--max_inputs", type=int, default=64, help="Inputs allowed in one request.")
+    parser.add_argument("--max_payload_mb", type=float, default=10.0, help="Largest request body (413 above).")
+    parser.add_argument("--timeout", type=float, default=30.0, help="Seconds a request may wait (504 after).")
+    return parser.parse_args(argv)
+
+
+def build_server(args: argparse.Namespace) -> ls.LitServer:
+    model_path = args.ckpt_path or args.onnx_path
+    spec = load_backend(model_path).spec  # fails here, before any worker starts, if the file is unusable
+    api = ClassifierAPI(
+        model_path, max_inputs=args.max_inputs, max_batch_size=args.max_batch_size, batch_timeout=args.batch_timeout
+    )
+    devices = args.devices if args.devices == "auto" else int(args.devices)
+    return ls.LitServer(
+        api,
+        accelerator=args.accelerator,
+        devices=devices,
+        workers_per_device=args.workers_per_device,
+        timeout=args.timeout,
+        max_payload_size=int(args.max_payload_mb * 1024 * 1024),
+        middlewares=[CheckRequestBody],
+        model_metadata={
+            "model": model_path,
+            "backend": "onnxruntime" if args.onnx_path else "torch",
+            "input": spec["kind"],
+            "class_names": list(spec["class_names"]),
+        },
+    )
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    try:
+        server = build_server(args)
+    except (FileNotFoundError, ValueError) as err:
+        sys.exit(f"serve.py: {err}")
+    server.run(host=args.host, port=args.port, generate_client_file=False, num_api_servers=1)
+
+
+if __name__ == "__main__":
+    main()
