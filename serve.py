@@ -21,11 +21,12 @@ from serving.backends import load_backend
 from serving.middleware import CheckRequestBody
 
 
+class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
+    pass
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        description=__doc__,
-        formatter_class=type("Help", (argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter), {}),
-    )
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
     model = parser.add_mutually_exclusive_group(required=True)
     model.add_argument("--ckpt_path", help="A checkpoint written by train.py (torch backend).")
     model.add_argument("--onnx_path", help="A net.onnx written by export.py, with its serving.json (onnxruntime).")

@@ -39,7 +39,8 @@ class ClassifierAPI(ls.LitAPI):
         self.preprocess = preprocessor(self.backend.spec)
         self.class_names = list(self.backend.spec["class_names"])
 
-    def decode_request(self, request) -> list[Any] | BadInput:  # noqa: ANN001 (LitServe reads the body by its type)
+    # `request` has no annotation: LitServe would read it as the body's type.
+    def decode_request(self, request) -> list[Any] | BadInput:
         """The request's inputs, preprocessed; or the reason they are refused."""
         try:
             return self._inputs(request)

@@ -83,4 +83,3 @@ def load_backend(model_path: str | Path, device: str = "cpu") -> Backend:
     if not path.is_file():
         raise FileNotFoundError(f"{path}: no such file. Give a checkpoint (.ckpt) or an exported net.onnx.")
     return OnnxBackend(path, device) if path.suffix == ".onnx" else TorchBackend(path, device)
-

@@ -102,7 +102,7 @@ def resized_size(size: tuple[int, int], short_side: int) -> tuple[int, int]:
 
 def center_crop(image: Image.Image, side: int) -> Image.Image:
     """The central `side` x `side` pixels, rounded as torchvision's CenterCrop."""
-    top, left = int(round((image.height - side) / 2.0)), int(round((image.width - side) / 2.0))
+    top, left = round((image.height - side) / 2.0), round((image.width - side) / 2.0)
     return image.crop((left, top, left + side, top + side))
 
 
