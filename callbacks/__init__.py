@@ -4,6 +4,7 @@ train.py installs `ExactResume`, `ResumeCheckpoint`, `FiniteLossGuard`, `Augment
 `ConfusionMatrixImage`, `ServingSpec` and `CSVPredictionWriter` in every run, next to Lightning's best-epoch
 `ModelCheckpoint`, `EarlyStopping` and `LearningRateMonitor`."""
 
+from callbacks.averaging import SWAWeightAveraging
 from callbacks.exact_resume import ExactResume, ResumeCheckpoint
 from callbacks.finetuning import TwoStageFinetuning
 from callbacks.finite_loss import FiniteLossGuard, NonFiniteLossError
@@ -21,6 +22,7 @@ __all__ = [
     "LRFinder",
     "NonFiniteLossError",
     "ResumeCheckpoint",
+    "SWAWeightAveraging",
     "ServingSpec",
     "TwoStageFinetuning",
     "WeightHistograms",

@@ -1,0 +1,104 @@
+"""Weight averaging (configs/presets/ema.yaml, swa.yaml): exact resume, checkpoints hold the average,
+two-stage fine-tuning alongside, and the presets through train.py."""
+
+from __future__ import annotations
+
+import signal
+from pathlib import Path
+
+import pytest
+import torch
+from lightning import Callback, Trainer, seed_everything
+from lightning.pytorch.callbacks import EMAWeightAveraging
+
+from callbacks import ExactResume, ResumeCheckpoint, SWAWeightAveraging, TwoStageFinetuning
+from datamodules import FashionMNISTDataModule
+from models import SimpleCNN
+from tests.conftest import QUICK, run_cli, save_random_weights
+from tests.helpers import SignalAtBatch, StopAfterEpoch, same_state
+
+
+def _fit(directory: Path, averaging: Callback, *callbacks: Callback, ckpt_path: str | None = None, weights=None):
+    seed_everything(5)
+    model = SimpleCNN(warmup_epochs=0.5, weights=weights)
+    trainer = Trainer(
+        max_epochs=3, limit_train_batches=6, limit_val_batches=2, logger=False, enable_progress_bar=False,
+        enable_model_summary=False, deterministic=True, num_sanity_val_steps=0,
+        callbacks=[averaging, ExactResume(), ResumeCheckpoint(dirpath=directory), *callbacks],
+    )  # fmt: skip
+    trainer.fit(model, datamodule=FashionMNISTDataModule(batch_size=32, augment=True), ckpt_path=ckpt_path)
+    return trainer
+
+
+def _states(trainer: Trainer, averaging: Callback) -> tuple[dict, dict]:
+    live = {k: v.clone() for k, v in trainer.lightning_module.state_dict().items()}
+    return live, {k: v.clone() for k, v in averaging._average_model.state_dict().items()}
+
+
+AVERAGING = {
+    "ema": lambda: EMAWeightAveraging(decay=0.9),
+    "swa": lambda: SWAWeightAveraging(swa_epoch_start=1),
+}
+
+
+@pytest.mark.parametrize("kind", list(AVERAGING))
+def test_averaged_run_stopped_mid_epoch_resumes_exactly(kind: str, tmp_path: Path, fashion_mnist_dir) -> None:
+    full_averaging = AVERAGING[kind]()
+    full = _fit(tmp_path / "full", full_averaging)
+    with pytest.raises(SystemExit):  # SIGTERM in epoch 1, after the average has started
+        _fit(tmp_path / "cut", AVERAGING[kind](), SignalAtBatch(epoch=2, batch=2, signum=signal.SIGTERM))
+    checkpoint = torch.load(tmp_path / "cut" / "last.ckpt", weights_only=True)
+    # The checkpoint's state_dict is the average; the live weights are kept beside it for resuming.
+    assert "current_model_state" in checkpoint and "averaging_state" in checkpoint
+    assert not same_state(checkpoint["state_dict"], checkpoint["current_model_state"])
+    resumed_averaging = AVERAGING[kind]()
+    resumed = _fit(tmp_path / "cut", resumed_averaging, ckpt_path=str(tmp_path / "cut" / "last.ckpt"))
+    (full_live, full_average), (resumed_live, resumed_average) = (
+        _states(full, full_averaging),
+        _states(resumed, resumed_averaging),
+    )
+    assert same_state(full_live, resumed_live)
+    assert same_state(full_average, resumed_average)
+    assert full.callback_metrics["val_acc"].item() == resumed.callback_metrics["val_acc"].item()
+    # After fit the model holds the average, which differs from the last live weights.
+    assert same_state(full_live, {k[len("module.") :]: v for k, v in full_average.items() if k.startswith("module.")})
+
+
+def test_swa_stays_out_of_the_way_before_its_start(tmp_path: Path, fashion_mnist_dir) -> None:
+    """Before swa_epoch_start nothing is averaged: validation and checkpoints are the live weights,
+    never the initial model that the not-yet-updated average still holds."""
+    averaging = SWAWeightAveraging(swa_epoch_start=2)
+    trainer = _fit(tmp_path, averaging, StopAfterEpoch(0))
+    checkpoint = torch.load(tmp_path / "last.ckpt", weights_only=True)
+    assert "current_model_state" not in checkpoint
+    assert same_state(checkpoint["state_dict"], trainer.lightning_module.state_dict())
+    assert trainer.callback_metrics["val_acc"].item() > 0.3  # the initial model scores about 0.1
+
+
+def test_ema_with_two_stage_finetuning_resumes_in_stage_two(tmp_path: Path, fashion_mnist_dir) -> None:
+    weights = str(save_random_weights(SimpleCNN, tmp_path / "net.pth"))
+
+    def stage(**kw) -> TwoStageFinetuning:
+        return TwoStageFinetuning(unfreeze_at_epoch=1, **kw)
+
+    full_ema = EMAWeightAveraging(decay=0.9)
+    full = _fit(tmp_path / "full", full_ema, stage(), weights=weights)
+    with pytest.raises(SystemExit):
+        _fit(tmp_path / "cut", EMAWeightAveraging(decay=0.9), stage(), SignalAtBatch(2, 3, signal.SIGTERM), weights=weights)
+    resumed_ema = EMAWeightAveraging(decay=0.9)
+    resumed = _fit(tmp_path / "cut", resumed_ema, stage(), ckpt_path=str(tmp_path / "cut/last.ckpt"), weights=weights)
+    assert same_state(_states(full, full_ema)[1], _states(resumed, resumed_ema)[1])
+    assert same_state(_states(full, full_ema)[0], _states(resumed, resumed_ema)[0])
+
+
+@pytest.mark.slow
+def test_presets_stack_on_a_job_and_its_checkpoints_hold_the_average(tmp_path: Path, fashion_mnist_dir) -> None:
+    for preset in ("ema", "swa"):
+        out = tmp_path / preset
+        run_cli(
+            "fit", "--config", "configs/simple_cnn.yaml", "--config", f"configs/presets/{preset}.yaml", *QUICK,
+            "--trainer.max_epochs=2", f"--trainer.default_root_dir={out}", f"--trainer.logger.init_args.save_dir={out}",
+            cwd=Path(__file__).resolve().parents[1],
+        )  # fmt: skip
+        checkpoint = torch.load(out / "simple_cnn/version_0/checkpoints/last.ckpt", weights_only=True)
+        assert "current_model_state" in checkpoint, f"{preset}: the checkpoint is not the averaged model"
