@@ -84,7 +84,8 @@ def test_ema_with_two_stage_finetuning_resumes_in_stage_two(tmp_path: Path, fash
     full_ema = EMAWeightAveraging(decay=0.9)
     full = _fit(tmp_path / "full", full_ema, stage(), weights=weights)
     with pytest.raises(SystemExit):
-        _fit(tmp_path / "cut", EMAWeightAveraging(decay=0.9), stage(), SignalAtBatch(2, 3, signal.SIGTERM), weights=weights)
+        stop = SignalAtBatch(epoch=2, batch=3, signum=signal.SIGTERM)
+        _fit(tmp_path / "cut", EMAWeightAveraging(decay=0.9), stage(), stop, weights=weights)
     resumed_ema = EMAWeightAveraging(decay=0.9)
     resumed = _fit(tmp_path / "cut", resumed_ema, stage(), ckpt_path=str(tmp_path / "cut/last.ckpt"), weights=weights)
     assert same_state(_states(full, full_ema)[1], _states(resumed, resumed_ema)[1])

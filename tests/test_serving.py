@@ -1,0 +1,238 @@
+"""serve.py as a client sees it: a real server on 127.0.0.1, real Fashion-MNIST PNG files and real
+texts, answers compared with `train.py predict` on the same inputs."""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import csv
+import io
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+import requests
+import torch
+from PIL import Image
+
+from datamodules import ImageFolderDataModule
+from datamodules.idx import read_idx
+from serving.preprocess import ImagePreprocessor
+from tests.conftest import QUICK, ROOT, run_cli
+
+pytestmark = pytest.mark.slow
+NUM_IMAGES = 16
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def serving(*args: str, cwd: Path) -> Iterator[str]:
+    """serve.py in its own process group (LitServe starts worker processes), until /health answers."""
+    port = _free_port()
+    log = open(cwd / f"serve-{port}.log", "w")  # noqa: SIM115 (closed below)
+    process = subprocess.Popen(
+        [sys.executable, str(ROOT / "serve.py"), *args, "--port", str(port), "--batch_timeout", "0.05"],
+        cwd=cwd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+    )  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 90
+        while True:
+            assert process.poll() is None, (cwd / f"serve-{port}.log").read_text()[-3000:]
+            with contextlib.suppress(requests.ConnectionError):
+                if requests.get(f"{url}/health", timeout=2).text == "ok":
+                    break
+            assert time.monotonic() < deadline, "serve.py did not become healthy in 90 s"
+            time.sleep(0.5)
+        yield url
+    finally:
+        os.killpg(process.pid, signal.SIGTERM)
+        process.wait(timeout=30)
+        log.close()
+
+
+def _predicted(csv_path: Path) -> list[tuple[str, list[float]]]:
+    with open(csv_path, newline="") as f:
+        rows = list(csv.DictReader(f))
+    return [(row["prediction"], [float(v) for k, v in row.items() if k.startswith("p_")]) for row in rows]
+
+
+def _assert_same(answers: list[dict], expected: list[tuple[str, list[float]]]) -> None:
+    assert len(answers) == len(expected)
+    for answer, (label, probabilities) in zip(answers, expected, strict=True):
+        assert answer["label"] == label
+        served = list(answer["probabilities"].values())
+        assert max(abs(a - b) for a, b in zip(served, probabilities, strict=True)) < 1e-5
+
+
+@pytest.fixture(scope="module")
+def image_model(tmp_path_factory: pytest.TempPathFactory, fashion_mnist_dir: Path) -> dict:
+    """A briefly trained SimpleCNN, its ONNX export, the first test images as PNG files and predict's answers."""
+    work = tmp_path_factory.mktemp("serve_image")
+    config = ["--config", str(ROOT / "configs/simple_cnn.yaml")]
+    run_cli("fit", *config, *QUICK, "--trainer.max_epochs=1", "--test_after_fit=false", cwd=work)
+    checkpoint = work / "logs/simple_cnn/version_0/checkpoints/last.ckpt"
+    run_cli(
+        "predict", *config, f"--ckpt_path={checkpoint}", f"--data.batch_size={NUM_IMAGES}",
+        "--trainer.limit_predict_batches=1", "--predictions.output_file=predictions.csv", cwd=work,
+    )  # fmt: skip
+    run_cli(*config, f"--ckpt_path={checkpoint}", "--out=export", cwd=work, script="export.py")
+    images = read_idx(fashion_mnist_dir / "t10k-images-idx3-ubyte.gz")[:NUM_IMAGES]
+    pngs = []
+    for image in images:
+        buffer = io.BytesIO()
+        Image.fromarray(image.numpy()).save(buffer, format="PNG")
+        pngs.append(buffer.getvalue())
+    return {
+        "checkpoint": checkpoint, "onnx": work / "export/net.onnx", "pngs": pngs, "work": work,
+        "expected": _predicted(work / "predictions.csv"),
+    }  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def image_server(image_model: dict) -> Iterator[str]:
+    with serving("--ckpt_path", str(image_model["checkpoint"]), cwd=image_model["work"]) as url:
+        yield url
+
+
+def _upload(pngs: list[bytes]) -> list[tuple[str, tuple[str, bytes, str]]]:
+    return [("file", (f"{i}.png", png, "image/png")) for i, png in enumerate(pngs)]
+
+
+def _base64(pngs: list[bytes]) -> list[str]:
+    return [base64.b64encode(png).decode() for png in pngs]
+
+
+def test_png_uploads_and_base64_images_get_predict_s_answers(image_model: dict, image_server: str) -> None:
+    pngs, expected = image_model["pngs"], image_model["expected"]
+    uploaded = requests.post(f"{image_server}/predict", files=_upload(pngs[:10]), timeout=30)
+    assert uploaded.status_code == 200, uploaded.text
+    as_json = requests.post(f"{image_server}/predict", json={"images": _base64(pngs[10:])}, timeout=30)
+    assert as_json.status_code == 200, as_json.text
+    _assert_same(uploaded.json()["predictions"] + as_json.json()["predictions"], expected)
+    one = requests.post(f"{image_server}/predict", json={"image": _base64(pngs[:1])[0]}, timeout=30).json()
+    _assert_same(one["predictions"], expected[:1])
+    info = requests.get(f"{image_server}/info", timeout=5).json()
+    assert info["model"]["class_names"][9] == "Ankle boot" and info["model"]["backend"] == "torch"
+
+
+def test_concurrent_requests_are_batched_and_a_bad_one_fails_alone(image_model: dict, image_server: str) -> None:
+    pngs, expected = image_model["pngs"], image_model["expected"]
+    bad_index = 5
+
+    def post(i: int) -> requests.Response:
+        if i == bad_index:
+            return requests.post(f"{image_server}/predict", json={"images": ["bm90IGFuIGltYWdl"]}, timeout=30)
+        return requests.post(f"{image_server}/predict", files=_upload([pngs[i]]), timeout=30)
+
+    with ThreadPoolExecutor(NUM_IMAGES) as pool:
+        responses = list(pool.map(post, range(NUM_IMAGES)))
+    assert responses[bad_index].status_code == 400 and "not an image" in responses[bad_index].json()["detail"]
+    good = [(r, e) for i, (r, e) in enumerate(zip(responses, expected, strict=True)) if i != bad_index]
+    assert all(r.status_code == 200 for r, _ in good), [r.text for r, _ in good if r.status_code != 200]
+    for response, answer in good:
+        _assert_same(response.json()["predictions"], [answer])
+    assert max(r.json()["batch_size"] for r, _ in good) > 1  # several requests went through one forward pass
+
+
+def test_bad_requests_get_a_4xx_with_a_message_and_the_server_keeps_serving(
+    image_model: dict, image_server: str
+) -> None:
+    rgb = io.BytesIO()
+    Image.new("RGB", (28, 28)).save(rgb, format="PNG")
+    large = io.BytesIO()
+    Image.new("L", (64, 64)).save(large, format="PNG")
+    url, as_json = f"{image_server}/predict", {"Content-Type": "application/json"}
+    cases = {
+        "not an image": dict(files=[("file", ("a.png", b"GIF89a...nope", "image/png"))]),
+        "not valid base64": dict(json={"images": ["%%%"]}),
+        "3 channel": dict(files=_upload([rgb.getvalue()])),
+        "64x64 pixels": dict(files=_upload([large.getvalue()])),
+        "unknown field": dict(json={"images": _base64(image_model["pngs"][:1]), "threshold": 0.5}),
+        "no inputs": dict(json={"images": []}),
+        "not valid JSON": dict(data=b"{images:", headers=as_json),
+        "Content-Type text/plain": dict(data=b"hello", headers={"Content-Type": "text/plain"}),
+        "at most 64": dict(json={"images": _base64(image_model["pngs"][:1]) * 65}),
+        "Payload too large": dict(data=b"[" + b" " * (11 * 1024 * 1024) + b"]", headers=as_json),
+    }  # fmt: skip
+    for message, request in cases.items():
+        response = requests.post(url, timeout=30, **request)
+        assert 400 <= response.status_code < 500, f"{message}: {response.status_code} {response.text[:300]}"
+        assert message in response.json()["detail"], f"{message}: {response.text[:300]}"
+    after = requests.post(url, files=_upload(image_model["pngs"][:1]), timeout=30)
+    assert after.status_code == 200
+    _assert_same(after.json()["predictions"], image_model["expected"][:1])
+
+
+def test_the_onnx_export_serves_the_same_answers(image_model: dict) -> None:
+    with serving("--onnx_path", str(image_model["onnx"]), cwd=image_model["work"]) as url:
+        response = requests.post(f"{url}/predict", files=_upload(image_model["pngs"]), timeout=30)
+        assert response.status_code == 200, response.text
+        _assert_same(response.json()["predictions"], image_model["expected"])
+        assert requests.get(f"{url}/info", timeout=5).json()["model"]["backend"] == "onnxruntime"
+
+
+def test_the_onnx_request_path_never_imports_torch(image_model: dict) -> None:
+    """The API's own hooks run in a process that has not imported torch, and still has not afterwards."""
+    script = f"""
+import sys
+from serving.api import ClassifierAPI
+api = ClassifierAPI({str(image_model["onnx"])!r}, max_batch_size=4)
+api.setup("cpu")
+decoded = [api.decode_request({{"image": {_base64(image_model["pngs"][:1])[0]!r}}})]
+print(api.encode_response(api.predict(decoded)[0])["predictions"][0]["label"])
+print("torch imported:", "torch" in sys.modules)
+"""
+    result = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.split("\n")[:2] == [image_model["expected"][0][0], "torch imported: False"]
+
+
+def test_text_model_serves_predict_s_answers(tmp_path: Path, fortunes_dir: Path) -> None:
+    config = ["--config", str(ROOT / "configs/transformer_text.yaml"), "--model.depth=1"]
+    config += [f"--data.{s}_file={fortunes_dir / f'{s}.jsonl'}" for s in ("train", "val", "test")]
+    run_cli("fit", *config, *QUICK, "--trainer.max_epochs=1", "--test_after_fit=false", cwd=tmp_path)
+    checkpoint = tmp_path / "logs/transformer_text/version_0/checkpoints/last.ckpt"
+    texts = [
+        "The computer crashed again.", "Beam me up, Scotty!", "Bread, cheese and a glass of wine.",
+        "Captain's log, stardate 41153.7: a BUG in the warp core?", "x",
+    ]  # fmt: skip
+    (tmp_path / "texts.txt").write_text("\n".join(texts) + "\n")
+    run_cli(
+        "predict", *config, f"--ckpt_path={checkpoint}", f"--data.predict_file={tmp_path / 'texts.txt'}",
+        "--predictions.output_file=predictions.csv", cwd=tmp_path,
+    )  # fmt: skip
+    with serving("--ckpt_path", str(checkpoint), cwd=tmp_path) as url:
+        response = requests.post(f"{url}/predict", json={"texts": texts}, timeout=30)
+        assert response.status_code == 200, response.text
+        _assert_same(response.json()["predictions"], _predicted(tmp_path / "predictions.csv"))
+        empty = requests.post(f"{url}/predict", json={"texts": ["ok", "   "]}, timeout=30)
+        assert empty.status_code == 400 and "input 1: empty text" in empty.json()["detail"]
+        assert requests.post(f"{url}/predict", json={"text": texts[0]}, timeout=30).status_code == 200
+
+
+@pytest.mark.parametrize("size", [(28, 28), (40, 30), (200, 64)])
+def test_image_folder_preprocessing_is_the_evaluation_transform(size: tuple[int, int], tmp_path: Path) -> None:
+    """serve.py's numpy/PIL resize, crop and normalization equal torchvision's eval transform of the datamodule."""
+    (tmp_path / "train/a").mkdir(parents=True)
+    datamodule = ImageFolderDataModule(root=str(tmp_path), image_size=24)
+    generator = torch.Generator().manual_seed(0)
+    pixels = torch.randint(0, 256, (*size[::-1], 3), generator=generator, dtype=torch.uint8).numpy()
+    buffer = io.BytesIO()
+    Image.fromarray(pixels).save(buffer, format="PNG")
+    served = ImagePreprocessor(datamodule.serving_spec()).decode(buffer.getvalue(), 0)
+    expected = datamodule.eval_transform(Image.open(io.BytesIO(buffer.getvalue())).convert("RGB"))
+    assert served.shape == tuple(expected.shape) == (3, 24, 24)
+    assert (torch.from_numpy(served) - expected).abs().max().item() < 1e-5
