@@ -12,13 +12,17 @@ this CLI installs it in every run (`installed_callbacks`).
 
 from __future__ import annotations
 
+import importlib
+import os
 import signal
 import sys
+import traceback
 import zipfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from lightning.pytorch.callbacks import EarlyStopping, LearningRateMonitor, ModelCheckpoint
+from lightning.pytorch.callbacks import EarlyStopping, LearningRateMonitor, ModelCheckpoint, ProgressBar
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
@@ -35,6 +39,7 @@ from callbacks import (
     ResumeCheckpoint,
     ServingSpec,
 )
+from callbacks.console import progress_bar
 from callbacks.tracking import (
     EXPERIMENT_ARG,
     RUN_ARG,
@@ -66,6 +71,7 @@ def installed_callbacks() -> list[Any]:
         LearningRateMonitor(logging_interval="step"),
         AugmentedBatchImages(),
         ConfusionMatrixImage(),
+        progress_bar(),
     ]
 
 
@@ -82,6 +88,14 @@ def _check_checkpoint_file(path: Path) -> None:
         )
 
 
+def is_progress_bar(class_path: str) -> bool:
+    module, _, name = class_path.rpartition(".")
+    try:
+        return issubclass(getattr(importlib.import_module(module), name), ProgressBar)
+    except (ImportError, AttributeError, TypeError, ValueError):
+        return False
+
+
 def run_name(config: Any) -> str:
     """The job config's file name (`configs/simple_cnn.yaml` -> `simple_cnn`), presets aside."""
     jobs = [Path(str(p)) for p in config.get("config") or [] if Path(str(p)).parent.name != "presets"]
@@ -93,9 +107,11 @@ def run_name(config: Any) -> str:
 
 class TemplateCLI(LightningCLI):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
-        defaults = {"default_config_files": [str(DEFAULTS)]}
+        # default_env: every option can also be set from the environment, e.g. PL_FIT__TRAINER__MAX_EPOCHS=3.
+        defaults = {"default_config_files": [str(DEFAULTS)], "default_env": True}
         parser_kwargs = kwargs.setdefault("parser_kwargs", {})
         if kwargs.get("run", True):
+            parser_kwargs.setdefault("default_env", True)
             for subcommand in SUBCOMMANDS:
                 parser_kwargs.setdefault(subcommand, defaults)
         else:
@@ -115,6 +131,14 @@ class TemplateCLI(LightningCLI):
         parser.add_lightning_class_args(ModelCheckpoint, "checkpoint")  # the best epoch; see configs/defaults.yaml
         parser.add_lightning_class_args(EarlyStopping, "early_stopping")
         parser.add_lightning_class_args(CSVPredictionWriter, "predictions")
+        parser.add_argument(
+            "--debug",
+            type=bool,
+            nargs="?",
+            const=True,
+            default=False,
+            help="Show the Python traceback of an error (otherwise only its message); also TEMPLATE_DEBUG=1.",
+        )
         parser.add_argument(
             "--test_after_fit",
             type=bool,
@@ -189,9 +213,13 @@ class TemplateCLI(LightningCLI):
     def before_instantiate_classes(self) -> None:
         subcommand = self.config.get("subcommand")
         config = self.config[subcommand] if subcommand else self.config
+        callbacks = self.trainer_defaults.get("callbacks", [])
         if not config.trainer.get("logger"):  # --trainer.logger false: nothing to monitor learning rates into
-            callbacks = self.trainer_defaults.get("callbacks", [])
-            self.trainer_defaults["callbacks"] = [c for c in callbacks if not isinstance(c, LearningRateMonitor)]
+            callbacks = [c for c in callbacks if not isinstance(c, LearningRateMonitor)]
+        configured = [getattr(c, "class_path", "") for c in config.trainer.get("callbacks") or []]
+        if config.trainer.get("enable_progress_bar") is False or any(map(is_progress_bar, configured)):
+            callbacks = [c for c in callbacks if not isinstance(c, ProgressBar)]  # Lightning allows one, or none
+        self.trainer_defaults["callbacks"] = callbacks
 
     def before_fit(self) -> None:
         # Fix the run's version folder now: a spawning launcher (ddp_spawn) would otherwise let each
@@ -233,11 +261,53 @@ class TemplateCLI(LightningCLI):
         print("\n".join(lines), flush=True)
 
 
-def main() -> None:
+# Exceptions that are bugs wherever they come from: they always keep their traceback.
+BUG_TYPES = (AssertionError, AttributeError, NameError, IndexError, RecursionError, ZeroDivisionError)
+
+
+def template_error(error: BaseException) -> BaseException | None:
+    """The error this template raised on purpose behind `error`, if any: the deepest exception of the
+    `raise ... from` chain (jsonargparse wraps errors of a model's `__init__` in its own) whose raising
+    frame is in this project's code, not in a library's."""
+    found = None
+    while error is not None:
+        frames = traceback.extract_tb(error.__traceback__)
+        origin = Path(frames[-1].filename).resolve() if frames else None
+        ours = origin is not None and origin.is_relative_to(ROOT) and ".venv" not in origin.parts
+        if ours and isinstance(error, Exception) and not isinstance(error, BUG_TYPES):
+            found = error
+        error = error.__cause__
+    return found
+
+
+def debug_requested(argv: list[str]) -> bool:
+    """`--debug` / `--debug=true` on the command line, or TEMPLATE_DEBUG=1 in the environment."""
+    if os.environ.get("TEMPLATE_DEBUG", "0").lower() not in ("", "0", "false"):
+        return True
+    for position, arg in enumerate(argv):
+        if arg == "--debug" or arg.startswith("--debug="):
+            value = arg.partition("=")[2] or (argv[position + 1] if position + 1 < len(argv) else "true")
+            return value.lower() in ("true", "1", "yes") or value.startswith("-")
+    return False
+
+
+def exit_on_error(run: Callable[[], Any]) -> Any:
+    """Run a command; an error this template raised on purpose is printed as its message (with the fix),
+    without the traceback, and exits 1. `--debug` or TEMPLATE_DEBUG=1 shows the traceback."""
     try:
-        TemplateCLI()
+        return run()
     except SIGTERMException:  # stopped by SIGTERM or Ctrl-C after saving last.ckpt: not a success
         sys.exit(128 + signal.SIGTERM)
+    except Exception as error:
+        cause = template_error(error)
+        if cause is None or debug_requested(sys.argv[1:]):
+            raise
+        print(f"\nError: {cause}\n(--debug or TEMPLATE_DEBUG=1 shows the traceback)", file=sys.stderr, flush=True)
+        sys.exit(1)
+
+
+def main() -> None:
+    exit_on_error(TemplateCLI)
 
 
 if __name__ == "__main__":

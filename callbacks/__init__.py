@@ -5,6 +5,7 @@ train.py installs `ExactResume`, `ResumeCheckpoint`, `FiniteLossGuard`, `Augment
 `ModelCheckpoint`, `EarlyStopping` and `LearningRateMonitor`."""
 
 from callbacks.averaging import SWAWeightAveraging
+from callbacks.batch_size import FitBatchSizeFinder
 from callbacks.exact_resume import ExactResume, ResumeCheckpoint
 from callbacks.finetuning import TwoStageFinetuning
 from callbacks.finite_loss import FiniteLossGuard, NonFiniteLossError
@@ -19,6 +20,7 @@ __all__ = [
     "ConfusionMatrixImage",
     "ExactResume",
     "FiniteLossGuard",
+    "FitBatchSizeFinder",
     "LRFinder",
     "NonFiniteLossError",
     "ResumeCheckpoint",

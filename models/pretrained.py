@@ -47,7 +47,11 @@ def read_state_dict(path: Path) -> dict[str, torch.Tensor]:
         # weights_only: a file from elsewhere must not be able to run code when loaded.
         data = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as err:
-        raise WeightsError(f"--model.weights {path}: not a readable torch file ({err}).") from err
+        reason = str(err).strip().splitlines()[0][:200]
+        raise WeightsError(
+            f"--model.weights {path}: not a readable torch file ({type(err).__name__}: {reason})."
+            " Give a state dict saved with torch.save (export.py writes net_state_dict.pt) or a .ckpt checkpoint."
+        ) from err
     if isinstance(data, dict) and "state_dict" in data:  # a Lightning checkpoint
         return {k.removeprefix("net."): v for k, v in data["state_dict"].items() if k.startswith("net.")}
     if not isinstance(data, dict) or not all(isinstance(v, torch.Tensor) for v in data.values()):

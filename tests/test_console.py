@@ -1,0 +1,88 @@
+"""What train.py prints and reads besides flags: per-epoch lines in logs, errors without tracebacks,
+options from the environment, and the batch-size finder preset."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.conftest import QUICK, ROOT
+from train import TemplateCLI
+
+JOB = ["--config", str(ROOT / "configs/simple_cnn.yaml")]
+
+
+def _train(*args: str, cwd: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """train.py with stdout and stderr going to a file-like pipe, as under CI or nohup."""
+    return subprocess.run(
+        [sys.executable, str(ROOT / "train.py"), *args], cwd=cwd, capture_output=True, text=True, timeout=300,
+        env={**os.environ, **(env or {})},
+    )  # fmt: skip
+
+
+@pytest.mark.slow
+def test_a_log_file_gets_one_line_per_epoch_and_no_progress_frames(tmp_path: Path, fashion_mnist_dir) -> None:
+    flags = [f for f in QUICK if "progress_bar" not in f]  # the default progress bar, as `make train` runs
+    result = _train("fit", *JOB, *flags, "--trainer.max_epochs=3", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    log = result.stdout + result.stderr
+    epochs = [line for line in result.stdout.splitlines() if line.startswith("epoch ")]
+    assert [line.split()[1] for line in epochs] == ["1/3", "2/3", "3/3"]
+    assert all("val_acc" in line and "train_loss" in line for line in epochs)
+    assert "\r" not in log and "it/s" not in log  # no progress-bar redraws
+    assert len(log.encode()) < 20_000
+
+
+@pytest.mark.slow
+def test_errors_print_the_message_without_traceback_and_debug_shows_it(tmp_path: Path) -> None:
+    (tmp_path / "bad.pth").write_text("not a tensor file")
+    weights = _train("fit", *JOB, f"--model.weights={tmp_path / 'bad.pth'}", cwd=tmp_path)
+    assert weights.returncode == 1
+    assert f"Error: --model.weights {tmp_path / 'bad.pth'}: not a readable torch file" in weights.stderr
+    assert "Traceback" not in weights.stderr and "Union subtypes" not in weights.stderr  # the cause, not its wrapper
+    no_data = _train("fit", *JOB, "--data=datamodules.ImageFolderDataModule", f"--data.root={tmp_path}", cwd=tmp_path)
+    assert no_data.returncode == 1 and "Traceback" not in no_data.stderr
+    assert f"Error: {tmp_path / 'train'} not found. ImageFolderDataModule expects" in no_data.stderr
+    debug = _train("fit", *JOB, f"--model.weights={tmp_path / 'bad.pth'}", "--debug", cwd=tmp_path)
+    assert debug.returncode == 1 and "Traceback (most recent call last)" in debug.stderr
+
+
+def test_every_option_can_come_from_the_environment(tmp_path: Path) -> None:
+    env = {
+        "PL_FIT__CONFIG": str(ROOT / "configs/simple_cnn.yaml"),
+        "PL_FIT__TRAINER__MAX_EPOCHS": "3",
+        "PL_FIT__MODEL": "{\"init_args\": {\"dropout\": 0.4}}",  # subclass options: one variable, merged
+    }
+    printed = _train("fit", "--print_config", cwd=tmp_path, env=env)
+    assert printed.returncode == 0, printed.stderr[-2000:]
+    assert "  max_epochs: 3\n" in printed.stdout and "    dropout: 0.4\n" in printed.stdout
+    assert "class_path: models.SimpleCNN" in printed.stdout
+    flag_wins = _train("fit", "--print_config", "--trainer.max_epochs=2", cwd=tmp_path, env=env)
+    assert "  max_epochs: 2\n" in flag_wins.stdout
+
+
+@pytest.mark.slow
+def test_batch_size_finder_grows_the_batch_for_fit_and_a_resumed_run_keeps_it(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    preset = ["--config", str(ROOT / "configs/presets/batch_size_finder.yaml")]
+    flags = [*QUICK, "--trainer.callbacks.init_args.max_trials=2", "--data.batch_size=16", "--test_after_fit=true"]
+    flags += ["--trainer.limit_train_batches=1.0", "--data.train_samples_per_class=16"]  # 10 batches of 16, 5 of 32
+    cli = TemplateCLI(args=["fit", *JOB, *preset, *flags, "--trainer.max_epochs=1"])
+    assert cli.datamodule.batch_size == 32
+    # The cosine schedule was rebuilt for 5 steps an epoch, not the 10 of the configured size: it ends at 0.
+    assert cli.trainer.global_step == 5 and cli.trainer.optimizers[0].param_groups[0]["lr"] == pytest.approx(0, abs=1e-9)
+    assert "test_acc" in cli.trainer.callback_metrics  # the test stage ran without searching again
+    last = tmp_path / "logs/simple_cnn/version_0/checkpoints/last.ckpt"
+    checkpoint = torch.load(last, weights_only=True)
+    assert checkpoint["callbacks"]["FitBatchSizeFinder"] == {"found": 32}
+    assert checkpoint["callbacks"]["ExactResume"]["batch_size"] == 32  # what training ran with
+    resumed = TemplateCLI(args=["fit", *JOB, *preset, *flags, "--trainer.max_epochs=2", f"--ckpt_path={last}"])
+    assert resumed.trainer.current_epoch == 2 and resumed.trainer.global_step == 10
+    resumed_last = Path(resumed.trainer.checkpoint_callbacks[-1].dirpath) / "last.ckpt"
+    assert resumed_last != last and resumed_last.is_file()
+    assert torch.load(resumed_last, weights_only=True)["callbacks"]["ExactResume"]["batch_size"] == 32
