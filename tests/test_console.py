@@ -56,7 +56,7 @@ def test_every_option_can_come_from_the_environment(tmp_path: Path) -> None:
     env = {
         "PL_FIT__CONFIG": str(ROOT / "configs/simple_cnn.yaml"),
         "PL_FIT__TRAINER__MAX_EPOCHS": "3",
-        "PL_FIT__MODEL": "{\"init_args\": {\"dropout\": 0.4}}",  # subclass options: one variable, merged
+        "PL_FIT__MODEL": '{"init_args": {"dropout": 0.4}}',  # subclass options: one variable, merged
     }
     printed = _train("fit", "--print_config", cwd=tmp_path, env=env)
     assert printed.returncode == 0, printed.stderr[-2000:]
@@ -75,7 +75,8 @@ def test_batch_size_finder_grows_the_batch_for_fit_and_a_resumed_run_keeps_it(tm
     cli = TemplateCLI(args=["fit", *JOB, *preset, *flags, "--trainer.max_epochs=1"])
     assert cli.datamodule.batch_size == 32
     # The cosine schedule was rebuilt for 5 steps an epoch, not the 10 of the configured size: it ends at 0.
-    assert cli.trainer.global_step == 5 and cli.trainer.optimizers[0].param_groups[0]["lr"] == pytest.approx(0, abs=1e-9)
+    assert cli.trainer.global_step == 5
+    assert cli.trainer.optimizers[0].param_groups[0]["lr"] == pytest.approx(0, abs=1e-9)
     assert "test_acc" in cli.trainer.callback_metrics  # the test stage ran without searching again
     last = tmp_path / "logs/simple_cnn/version_0/checkpoints/last.ckpt"
     checkpoint = torch.load(last, weights_only=True)
