@@ -8,7 +8,7 @@ ARGS ?=
 export MALLOC_MMAP_THRESHOLD_ ?= 33554432
 export MALLOC_TRIM_THRESHOLD_ ?= 1073741824
 
-.PHONY: install data train test matrix bench lint format clean transfer text-data tune seeds
+.PHONY: install data train test matrix bench bench-serve serve lint format clean transfer text-data tune seeds
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -44,6 +44,15 @@ matrix: install
 
 bench: data
 	$(BIN)/python -m benchmarks.run
+
+# Requests/s and latency of serve.py (torch and ONNX) at 1, 8, 32 clients, next to train.py predict.
+bench-serve: data text-data
+	$(BIN)/python -m benchmarks.serving
+
+# HTTP API for a checkpoint: make serve CKPT=logs/simple_cnn/version_0/checkpoints/last.ckpt
+CKPT ?= $(lastword $(sort $(wildcard logs/$(basename $(notdir $(CONFIG)))/version_*/checkpoints/last.ckpt)))
+serve: install
+	$(BIN)/python serve.py --ckpt_path $(CKPT) $(ARGS)
 
 lint: install
 	$(BIN)/ruff check .

@@ -4,15 +4,10 @@ texts, answers compared with `train.py predict` on the same inputs."""
 from __future__ import annotations
 
 import base64
-import contextlib
 import csv
 import io
-import os
-import signal
-import socket
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -24,6 +19,7 @@ from PIL import Image
 
 from datamodules import ImageFolderDataModule
 from datamodules.idx import read_idx
+from serving.launch import background_server
 from serving.preprocess import ImagePreprocessor
 from tests.conftest import QUICK, ROOT, run_cli
 
@@ -31,36 +27,8 @@ pytestmark = pytest.mark.slow
 NUM_IMAGES = 16
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@contextlib.contextmanager
-def serving(*args: str, cwd: Path) -> Iterator[str]:
-    """serve.py in its own process group (LitServe starts worker processes), until /health answers."""
-    port = _free_port()
-    log = open(cwd / f"serve-{port}.log", "w")  # noqa: SIM115 (closed below)
-    process = subprocess.Popen(
-        [sys.executable, str(ROOT / "serve.py"), *args, "--port", str(port), "--batch_timeout", "0.05"],
-        cwd=cwd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-    )  # fmt: skip
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 90
-        while True:
-            assert process.poll() is None, (cwd / f"serve-{port}.log").read_text()[-3000:]
-            with contextlib.suppress(requests.ConnectionError):
-                if requests.get(f"{url}/health", timeout=2).text == "ok":
-                    break
-            assert time.monotonic() < deadline, "serve.py did not become healthy in 90 s"
-            time.sleep(0.5)
-        yield url
-    finally:
-        os.killpg(process.pid, signal.SIGTERM)
-        process.wait(timeout=30)
-        log.close()
+def serving(*args: str, cwd: Path):
+    return background_server(*args, "--batch_timeout", "0.05", cwd=cwd)
 
 
 def _predicted(csv_path: Path) -> list[tuple[str, list[float]]]:
