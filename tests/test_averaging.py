@@ -1,5 +1,5 @@
 """Weight averaging (configs/presets/ema.yaml, swa.yaml): exact resume, checkpoints hold the average,
-two-stage fine-tuning alongside, and the presets through train.py."""
+two-stage fine-tuning alongside (the presets through train.py: tests/test_tools.py)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from lightning.pytorch.callbacks import EMAWeightAveraging
 from callbacks import ExactResume, ResumeCheckpoint, SWAWeightAveraging, TwoStageFinetuning
 from datamodules import FashionMNISTDataModule
 from models import SimpleCNN
-from tests.conftest import QUICK, run_cli, save_random_weights
+from tests.conftest import save_random_weights
 from tests.helpers import SignalAtBatch, StopAfterEpoch, same_state
 
 
@@ -90,16 +90,3 @@ def test_ema_with_two_stage_finetuning_resumes_in_stage_two(tmp_path: Path, fash
     resumed = _fit(tmp_path / "cut", resumed_ema, stage(), ckpt_path=str(tmp_path / "cut/last.ckpt"), weights=weights)
     assert same_state(_states(full, full_ema)[1], _states(resumed, resumed_ema)[1])
     assert same_state(_states(full, full_ema)[0], _states(resumed, resumed_ema)[0])
-
-
-@pytest.mark.slow
-def test_presets_stack_on_a_job_and_its_checkpoints_hold_the_average(tmp_path: Path, fashion_mnist_dir) -> None:
-    for preset in ("ema", "swa"):
-        out = tmp_path / preset
-        run_cli(
-            "fit", "--config", "configs/simple_cnn.yaml", "--config", f"configs/presets/{preset}.yaml", *QUICK,
-            "--trainer.max_epochs=2", f"--trainer.default_root_dir={out}", f"--trainer.logger.init_args.save_dir={out}",
-            cwd=Path(__file__).resolve().parents[1],
-        )  # fmt: skip
-        checkpoint = torch.load(out / "simple_cnn/version_0/checkpoints/last.ckpt", weights_only=True)
-        assert "current_model_state" in checkpoint, f"{preset}: the checkpoint is not the averaged model"

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 from PIL import Image
 
 from datamodules import FashionMNISTDataModule
@@ -17,8 +18,9 @@ from tests.helpers import event_tags
 from train import TemplateCLI
 
 ONE_EPOCH = [*QUICK, "--trainer.max_epochs=1", "--test_after_fit=false"]
-# transfer.yaml needs weights (tests/test_finetuning.py); the tracker presets have tests/test_trackers.py.
-OWN_TESTS = {"transfer.yaml", "csv_logger.yaml", "mlflow.yaml", "wandb.yaml"}
+# transfer.yaml needs weights (tests/test_finetuning.py); the tracker presets have tests/test_trackers.py,
+# the batch-size finder tests/test_console.py.
+OWN_TESTS = {"transfer.yaml", "csv_logger.yaml", "mlflow.yaml", "wandb.yaml", "batch_size_finder.yaml"}
 PRESETS = sorted(p for p in (ROOT / "configs" / "presets").glob("*.yaml") if p.name not in OWN_TESTS)
 
 
@@ -50,6 +52,9 @@ def test_every_preset_runs_a_few_steps(preset: Path, tmp_path: Path, monkeypatch
         assert groups[0]["lr"] == pytest.approx(suggestion * scheduler.get_lr()[0] / groups[0]["initial_lr"])
     if preset.name == "profile_torch.yaml":
         assert list((tmp_path / "logs" / "profile").glob("*trace*"))
+    if preset.name in {"ema.yaml", "swa.yaml"}:  # the checkpoint's weights are the average, the live ones beside
+        last = torch.load(tmp_path / "logs/simple_cnn/version_0/checkpoints/last.ckpt", weights_only=True)
+        assert "current_model_state" in last and "averaging_state" in last
 
 
 @pytest.mark.slow
