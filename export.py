@@ -24,7 +24,7 @@ import torch
 from lightning.pytorch.cli import LightningArgumentParser
 
 from serving.backends import SPEC_FILE, SPEC_KEY
-from train import TemplateCLI
+from train import TemplateCLI, exit_on_error
 
 
 class ExportCLI(TemplateCLI):
@@ -108,4 +108,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    exit_on_error(main)
