@@ -50,8 +50,10 @@ bench-serve: data text-data
 	$(BIN)/python -m benchmarks.serving
 
 # HTTP API for a checkpoint: make serve CKPT=logs/simple_cnn/version_0/checkpoints/last.ckpt
-CKPT ?= $(lastword $(sort $(wildcard logs/$(basename $(notdir $(CONFIG)))/version_*/checkpoints/last.ckpt)))
+# (default: the newest last.ckpt of $(CONFIG)'s runs)
+CKPT ?= $(shell ls -t logs/$(basename $(notdir $(CONFIG)))/version_*/checkpoints/last.ckpt 2>/dev/null | head -1)
 serve: install
+	@test -n "$(CKPT)" || { echo "No checkpoint of $(CONFIG) in logs/: make train first, or make serve CKPT=<path>"; exit 1; }
 	$(BIN)/python serve.py --ckpt_path $(CKPT) $(ARGS)
 
 lint: install

@@ -1,6 +1,6 @@
 """Serve a trained model over HTTP with LitServe: `POST /predict`, `GET /health`, `GET /info`.
 
-    python serve.py --ckpt_path logs/simple_cnn/version_0/checkpoints/best.ckpt
+    python serve.py --ckpt_path logs/simple_cnn/version_0/checkpoints/last.ckpt
     python serve.py --onnx_path exports/simplecnn/net.onnx          # onnxruntime, no torch
     curl -F file=@shoe.png http://127.0.0.1:8000/predict
 
@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 import litserve as ls
 
@@ -59,7 +60,7 @@ def build_server(args: argparse.Namespace) -> ls.LitServer:
         max_payload_size=int(args.max_payload_mb * 1024 * 1024),
         middlewares=[CheckRequestBody],
         model_metadata={
-            "model": model_path,
+            "model": Path(model_path).name,
             "backend": "onnxruntime" if args.onnx_path else "torch",
             "input": spec["kind"],
             "class_names": list(spec["class_names"]),

@@ -265,24 +265,33 @@ class TemplateCLI(LightningCLI):
 BUG_TYPES = (AssertionError, AttributeError, NameError, IndexError, RecursionError, ZeroDivisionError)
 
 
+def raised_on_purpose(error: BaseException) -> bool:
+    """Raised by a `raise` statement of this project's code (not by a library, not by a failing builtin)."""
+    frames = traceback.extract_tb(error.__traceback__)
+    if not frames or not isinstance(error, Exception) or isinstance(error, BUG_TYPES):
+        return False
+    origin = Path(frames[-1].filename).resolve()
+    ours = origin.is_relative_to(ROOT) and "site-packages" not in origin.parts
+    return ours and (frames[-1].line or "").lstrip().startswith("raise")
+
+
 def template_error(error: BaseException) -> BaseException | None:
-    """The error this template raised on purpose behind `error`, if any: the deepest exception of the
-    `raise ... from` chain (jsonargparse wraps errors of a model's `__init__` in its own) whose raising
-    frame is in this project's code, not in a library's."""
+    """The error this template raised on purpose behind `error`, if any: the deepest one of the
+    `raise ... from` chain (jsonargparse wraps errors of a model's `__init__` in its own)."""
     found = None
     while error is not None:
-        frames = traceback.extract_tb(error.__traceback__)
-        origin = Path(frames[-1].filename).resolve() if frames else None
-        ours = origin is not None and origin.is_relative_to(ROOT) and ".venv" not in origin.parts
-        if ours and isinstance(error, Exception) and not isinstance(error, BUG_TYPES):
+        if raised_on_purpose(error):
             found = error
         error = error.__cause__
     return found
 
 
 def debug_requested(argv: list[str]) -> bool:
-    """`--debug` / `--debug=true` on the command line, or TEMPLATE_DEBUG=1 in the environment."""
-    if os.environ.get("TEMPLATE_DEBUG", "0").lower() not in ("", "0", "false"):
+    """`--debug` / `--debug=true` on the command line, TEMPLATE_DEBUG=1 or PL_<COMMAND>__DEBUG=true."""
+    switches = [
+        v for k, v in os.environ.items() if k == "TEMPLATE_DEBUG" or (k.startswith("PL_") and k.endswith("DEBUG"))
+    ]
+    if any(value.lower() in ("1", "true", "yes") for value in switches):
         return True
     for position, arg in enumerate(argv):
         if arg == "--debug" or arg.startswith("--debug="):

@@ -1,8 +1,9 @@
 """Callbacks of this template, selectable in a config as `class_path: callbacks.<Name>`.
 
-train.py installs `ExactResume`, `ResumeCheckpoint`, `FiniteLossGuard`, `AugmentedBatchImages`,
-`ConfusionMatrixImage`, `ServingSpec` and `CSVPredictionWriter` in every run, next to Lightning's best-epoch
-`ModelCheckpoint`, `EarlyStopping` and `LearningRateMonitor`."""
+train.py installs in every run (`installed_callbacks`): `ExactResume`, `ResumeCheckpoint`, `TrackerRun`,
+`ServingSpec`, `FiniteLossGuard`, `AugmentedBatchImages`, `ConfusionMatrixImage`, Lightning's
+`LearningRateMonitor` and a progress bar (callbacks/console.py); and, configurable as flags, Lightning's
+best-epoch `ModelCheckpoint` and `EarlyStopping` and the `CSVPredictionWriter` of `predict`."""
 
 from callbacks.averaging import SWAWeightAveraging
 from callbacks.batch_size import FitBatchSizeFinder

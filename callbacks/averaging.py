@@ -5,7 +5,8 @@ checkpoints until training ends: validation, the best checkpoint, `test_after_fi
 serving would all see the raw weights. `WeightAveraging` validates with the average and writes
 it as the checkpoint's `state_dict` (the raw weights and the average's state go beside it, so a
 resumed run continues both). This subclass averages the weights of the end of each epoch from
-`swa_epoch_start` on, with equal weight, as SWA does; until then it stays out of the way.
+`swa_epoch_start` on, with equal weight, as SWA does (validation of an epoch already includes
+it); until then it stays out of the way.
 """
 
 from __future__ import annotations
@@ -29,12 +30,25 @@ class SWAWeightAveraging(WeightAveraging):
         self.swa_epoch_start = swa_epoch_start
 
     def start_epoch(self, trainer: Trainer) -> int:
-        if isinstance(self.swa_epoch_start, float):
-            return int(self.swa_epoch_start * (trainer.max_epochs or 1))
-        return self.swa_epoch_start
+        if not isinstance(self.swa_epoch_start, float):
+            return self.swa_epoch_start
+        if not 0 <= self.swa_epoch_start < 1 or not trainer.max_epochs or trainer.max_epochs < 1:
+            raise ValueError(
+                f"SWAWeightAveraging: swa_epoch_start={self.swa_epoch_start} as a fraction needs 0 <= it < 1 and"
+                f" --trainer.max_epochs (got {trainer.max_epochs}); give an epoch index (an int) instead."
+            )
+        return int(self.swa_epoch_start * trainer.max_epochs)
 
     def should_update(self, step_idx: int | None = None, epoch_idx: int | None = None) -> bool:
-        return epoch_idx is not None and epoch_idx >= self._start
+        return False  # the base class's hooks never update; on_train_batch_end below does
+
+    def on_train_batch_end(
+        self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        # At the epoch's last batch rather than at epoch end: validation, which runs before the
+        # epoch-end hooks, then already sees this epoch's weights in the average.
+        if trainer.fit_loop.epoch_loop.batch_progress.is_last_batch and trainer.current_epoch >= self._start:
+            self._average_model.update_parameters(pl_module)
 
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         self._start = self.start_epoch(trainer)

@@ -50,7 +50,7 @@ class ClassifierAPI(ls.LitAPI):
     def _inputs(self, request: Any) -> list[Any]:
         field = self.preprocess.field
         one = field.removesuffix("s")
-        usage = f"send {{'{field}': [...]}}, {{'{one}': ...}} or multipart `file` fields; this model takes"
+        usage = f'send {{"{field}": [...]}}, {{"{one}": ...}} or multipart `file` fields; this model takes'
         usage += f" {self.preprocess.describe()}"
         if hasattr(request, "multi_items"):  # multipart form
             items = list(request.multi_items())
@@ -58,6 +58,8 @@ class ClassifierAPI(ls.LitAPI):
             values = [(value, not isinstance(value, str)) for _, value in items]
         elif isinstance(request, dict):
             unknown = sorted(set(request) - {field, one})
+            if field in request and one in request:
+                raise BadInput(f"both '{field}' and '{one}' given; {usage}.")
             value = request.get(field, [request[one]] if one in request else [])
             if not isinstance(value, list):
                 raise BadInput(f"'{field}' must be a list; {usage}.")

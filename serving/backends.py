@@ -33,18 +33,32 @@ class TorchBackend:
 
     def __init__(self, ckpt_path: str | Path, device: str = "cpu") -> None:
         import torch
+        from lightning import LightningModule
 
         self.torch, self.device = torch, torch.device(device)
-        checkpoint = torch.load(ckpt_path, map_location="cpu", weights_only=True)
+        try:
+            checkpoint = torch.load(ckpt_path, map_location="cpu", weights_only=True)
+        except Exception as err:  # a truncated or foreign file: torch says why
+            reason = str(err).strip().splitlines()[0][:200]
+            raise ValueError(
+                f"{ckpt_path}: not a readable PyTorch checkpoint ({type(err).__name__}: {reason})."
+            ) from None
         self.spec = checkpoint.get(SPEC_KEY)
         if self.spec is None:
             raise ValueError(
                 f"{ckpt_path} has no input spec ('{SPEC_KEY}'); it was written before serving existed or outside"
                 " train.py. Retrain with train.py, or add callbacks.ServingSpec to the Trainer."
             )
-        hparams = dict(checkpoint["hyper_parameters"])
-        module_name, _, class_name = hparams.pop("_class_path").rpartition(".")
-        model_class = getattr(importlib.import_module(module_name), class_name)
+        hparams = dict(checkpoint.get("hyper_parameters", {}))
+        class_path = str(hparams.pop("_class_path", ""))
+        module_name, _, class_name = class_path.rpartition(".")
+        # Only this project's models: the class path comes from the file, and a checkpoint must not be
+        # able to make the server import or call anything else.
+        if module_name != "models" and not module_name.startswith("models."):
+            raise ValueError(f"{ckpt_path}: the model class {class_path!r} is not one of this project's models/.")
+        model_class = getattr(importlib.import_module(module_name), class_name, None)
+        if not (isinstance(model_class, type) and issubclass(model_class, LightningModule)):
+            raise ValueError(f"{ckpt_path}: {class_path!r} is not a LightningModule of models/.")
         hparams = {k: v for k, v in hparams.items() if not k.startswith("_")}
         if "weights" in hparams:
             hparams["weights"] = None  # the checkpoint's weights replace them: do not read the original file

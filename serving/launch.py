@@ -52,4 +52,7 @@ def background_server(*args: str, cwd: Path, startup_s: float = 90) -> Iterator[
             yield url
         finally:
             os.killpg(process.pid, signal.SIGTERM)
-            process.wait(timeout=30)
+            try:
+                process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(process.pid, signal.SIGKILL)

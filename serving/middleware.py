@@ -32,7 +32,7 @@ class CheckRequestBody:
             expected = "application/json (a JSON object) or multipart/form-data (file uploads)"
             await self._refuse(scope, receive, send, 415, f"Content-Type {content_type or 'missing'}; send {expected}.")
             return
-        messages, body = [], b""
+        messages: list[Message] = []
         while True:  # read here; LitServe's MaxSizeMiddleware (`--max_payload_mb`) raises past the limit
             try:
                 message = await receive()
@@ -40,11 +40,10 @@ class CheckRequestBody:
                 await self._refuse(scope, receive, send, err.status_code, f"{err.detail}.")
                 return
             messages.append(message)
-            body += message.get("body", b"")
             if message["type"] != "http.request" or not message.get("more_body"):
                 break
         try:
-            json.loads(body)
+            json.loads(b"".join(m.get("body", b"") for m in messages))
         except (ValueError, UnicodeDecodeError) as err:
             await self._refuse(scope, receive, send, 400, f"the body is not valid JSON ({err}).")
             return

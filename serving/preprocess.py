@@ -21,6 +21,9 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
+MAX_PIXELS = 40_000_000  # refuse larger images before decoding them (PIL's own bomb guard is at 179 MP)
+EIGHT_BIT_MODES = ("L", "LA", "RGB", "RGBA")
+
 
 class BadInput(ValueError):
     """A request the server refuses, with the HTTP status and a message for the client."""
@@ -55,18 +58,16 @@ class ImagePreprocessor:
     def decode(self, data: bytes, index: int) -> np.ndarray:
         try:
             with Image.open(io.BytesIO(data)) as opened:
-                image = opened.convert(self.convert) if self.convert else opened.copy()
-        except Exception as err:  # PIL raises many types for bad files (incl. decompression bombs)
-            raise BadInput(f"input {index}: not an image file PIL can decode ({err}).") from None
+                self._check_size(opened.size, index)  # from the header, before decoding any pixel
+                image = self._to_model_mode(opened, index)
+        except BadInput:
+            raise
+        except Exception as err:  # PIL raises many types for bad files
+            raise BadInput(f"input {index}: not an image file PIL can decode ({type(err).__name__}).") from None
         channels = len(image.getbands())
         if channels != self.channels:
             raise BadInput(
                 f"input {index}: {image.mode} image with {channels} channel(s); this model takes {self.describe()}."
-            )
-        if self.size and image.size[::-1] != self.size:
-            raise BadInput(
-                f"input {index}: {image.width}x{image.height} pixels; this model takes {self.describe()}."
-                " Resize it as the training data was."
             )
         if self.resize:
             image = image.resize(resized_size(image.size, self.resize), Image.Resampling.BILINEAR)
@@ -75,6 +76,31 @@ class ImagePreprocessor:
         array = np.asarray(image, dtype=np.uint8)
         array = array[None] if array.ndim == 2 else array.transpose(2, 0, 1)
         return array.astype(np.float32) * self.scale + self.shift
+
+    def _check_size(self, size: tuple[int, int], index: int) -> None:
+        width, height = size
+        if self.size and (height, width) != self.size:
+            raise BadInput(
+                f"input {index}: {width}x{height} pixels; this model takes {self.describe()}."
+                " Resize it as the training data was."
+            )
+        if width * height > MAX_PIXELS:
+            raise BadInput(f"input {index}: {width}x{height} pixels, more than {MAX_PIXELS:,}.", status=413)
+
+    def _to_model_mode(self, image: Image.Image, index: int) -> Image.Image:
+        """The image as training read it: converted to `convert` (file datasets convert every file), else an
+        8-bit image of the model's channel count, palette and 1-bit images expanded, equal RGB bands as gray."""
+        if self.convert:
+            return image.convert(self.convert)
+        if image.mode in ("1", "P"):
+            image = image.convert("RGBA" if "transparency" in image.info else "RGB")
+        if image.mode not in EIGHT_BIT_MODES:
+            raise BadInput(f"input {index}: {image.mode} pixels (16-bit, 32-bit or float); send an 8-bit image.")
+        if self.channels == 1 and image.mode == "RGB":
+            pixels = np.asarray(image)
+            if (pixels == pixels[..., :1]).all():  # a grayscale picture saved as RGB
+                return Image.fromarray(np.ascontiguousarray(pixels[..., 0]))
+        return image.copy()
 
     def collate(self, inputs: Sequence[np.ndarray]) -> np.ndarray:
         return np.stack(inputs)

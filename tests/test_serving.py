@@ -119,15 +119,18 @@ def test_bad_requests_get_a_4xx_with_a_message_and_the_server_keeps_serving(
     image_model: dict, image_server: str
 ) -> None:
     rgb = io.BytesIO()
-    Image.new("RGB", (28, 28)).save(rgb, format="PNG")
-    large = io.BytesIO()
+    Image.new("RGB", (28, 28), (200, 30, 30)).save(rgb, format="PNG")  # a color picture
+    large, deep = io.BytesIO(), io.BytesIO()
     Image.new("L", (64, 64)).save(large, format="PNG")
+    Image.new("I;16", (28, 28)).save(deep, format="PNG")
     url, as_json = f"{image_server}/predict", {"Content-Type": "application/json"}
     cases = {
         "not an image": dict(files=[("file", ("a.png", b"GIF89a...nope", "image/png"))]),
         "not valid base64": dict(json={"images": ["%%%"]}),
         "3 channel": dict(files=_upload([rgb.getvalue()])),
         "64x64 pixels": dict(files=_upload([large.getvalue()])),
+        "send an 8-bit image": dict(files=_upload([deep.getvalue()])),
+        "both 'images' and 'image'": dict(json={"images": [], "image": "x"}),
         "unknown field": dict(json={"images": _base64(image_model["pngs"][:1]), "threshold": 0.5}),
         "no inputs": dict(json={"images": []}),
         "not valid JSON": dict(data=b"{images:", headers=as_json),
@@ -139,9 +142,14 @@ def test_bad_requests_get_a_4xx_with_a_message_and_the_server_keeps_serving(
         response = requests.post(url, timeout=30, **request)
         assert 400 <= response.status_code < 500, f"{message}: {response.status_code} {response.text[:300]}"
         assert message in response.json()["detail"], f"{message}: {response.text[:300]}"
-    after = requests.post(url, files=_upload(image_model["pngs"][:1]), timeout=30)
-    assert after.status_code == 200
-    _assert_same(after.json()["predictions"], image_model["expected"][:1])
+    # The same picture as a palette GIF and as gray RGB is read as the grayscale PNG was.
+    picture = Image.open(io.BytesIO(image_model["pngs"][0]))
+    gif, gray_rgb = io.BytesIO(), io.BytesIO()
+    picture.save(gif, format="GIF")
+    picture.convert("RGB").save(gray_rgb, format="PNG")
+    after = requests.post(url, files=_upload([image_model["pngs"][0], gif.getvalue(), gray_rgb.getvalue()]), timeout=30)
+    assert after.status_code == 200, after.text
+    _assert_same(after.json()["predictions"], image_model["expected"][:1] * 3)
 
 
 def test_the_onnx_export_serves_the_same_answers(image_model: dict) -> None:
