@@ -10,9 +10,11 @@ from pathlib import Path
 
 import pytest
 import torch
+from lightning.pytorch.callbacks import RichModelSummary, RichProgressBar
 
+from callbacks.console import EpochLines
 from tests.conftest import QUICK, ROOT
-from train import TemplateCLI
+from train import TemplateCLI, template_error
 
 JOB = ["--config", str(ROOT / "configs/simple_cnn.yaml")]
 
@@ -87,3 +89,39 @@ def test_batch_size_finder_grows_the_batch_for_fit_and_a_resumed_run_keeps_it(tm
     resumed_last = Path(resumed.trainer.checkpoint_callbacks[-1].dirpath) / "last.ckpt"
     assert resumed_last != last and resumed_last.is_file()
     assert torch.load(resumed_last, weights_only=True)["callbacks"]["ExactResume"]["batch_size"] == 32
+
+
+def _raised(function) -> Exception:
+    try:
+        function()
+    except Exception as error:
+        return error
+    raise AssertionError("did not raise")
+
+
+def test_only_explicit_raises_of_the_project_drop_their_traceback() -> None:
+    def refuse() -> None:
+        raise ValueError("--data.fold 7: only 5 folds; use 0..4.")
+
+    def bug() -> None:
+        _ = {}["num_classes"]  # raised by the builtin: a bug, whose traceback the user needs
+
+    def wrapped() -> None:
+        raise RuntimeError("Does not validate against any of the Union subtypes") from _raised(refuse)
+
+    on_purpose = _raised(refuse)
+    assert template_error(on_purpose) is on_purpose
+    assert template_error(_raised(bug)) is None
+    assert isinstance(template_error(_raised(wrapped)), ValueError)  # the cause, not the wrapper
+    assert template_error(_raised(lambda: torch.zeros(2) @ torch.zeros(3))) is None  # a library's error
+
+
+@pytest.mark.parametrize("terminal", [True, False], ids=["terminal", "log-file"])
+def test_rich_in_a_terminal_and_epoch_lines_elsewhere(terminal: bool, monkeypatch, tmp_path: Path) -> None:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys.stdout, "isatty", lambda: terminal)
+    trainer = TemplateCLI(args=[*JOB], run=False).trainer
+    assert type(trainer.progress_bar_callback) is (RichProgressBar if terminal else EpochLines)
+    assert any(type(c) is RichModelSummary for c in trainer.callbacks)  # a static table, in a log file too
+    quiet = TemplateCLI(args=[*JOB, "--trainer.enable_progress_bar=false"], run=False).trainer
+    assert quiet.progress_bar_callback is None  # no clash with Lightning's switch
