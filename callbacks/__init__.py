@@ -5,7 +5,7 @@ train.py installs in every run (`installed_callbacks`): `ExactResume`, `ResumeCh
 `LearningRateMonitor` and a progress bar (callbacks/console.py); and, configurable as flags, Lightning's
 best-epoch `ModelCheckpoint` and `EarlyStopping` and the `CSVPredictionWriter` of `predict`."""
 
-from callbacks.averaging import SWAWeightAveraging
+from callbacks.averaging import EMAWeightAveraging, SWAWeightAveraging
 from callbacks.batch_size import FitBatchSizeFinder
 from callbacks.exact_resume import ExactResume, ResumeCheckpoint
 from callbacks.finetuning import TwoStageFinetuning
@@ -19,6 +19,7 @@ __all__ = [
     "AugmentedBatchImages",
     "CSVPredictionWriter",
     "ConfusionMatrixImage",
+    "EMAWeightAveraging",
     "ExactResume",
     "FiniteLossGuard",
     "FitBatchSizeFinder",

@@ -1,12 +1,16 @@
-"""Stochastic weight averaging on Lightning's `WeightAveraging`, the base of its `EMAWeightAveraging`.
+"""Weight averaging (configs/presets/ema.yaml, swa.yaml) on Lightning's `WeightAveraging`.
 
-Lightning's older `StochasticWeightAveraging` callback keeps the averaged weights outside the
-checkpoints until training ends: validation, the best checkpoint, `test_after_fit`, export and
-serving would all see the raw weights. `WeightAveraging` validates with the average and writes
-it as the checkpoint's `state_dict` (the raw weights and the average's state go beside it, so a
-resumed run continues both). This subclass averages the weights of the end of each epoch from
-`swa_epoch_start` on, with equal weight, as SWA does (validation of an epoch already includes
-it); until then it stays out of the way.
+`WeightAveraging` validates with the average and writes it as each checkpoint's `state_dict`;
+the live weights and the average's state go beside it, so a resumed run continues both.
+Lightning's older `StochasticWeightAveraging` instead keeps the average outside the checkpoints
+until training ends: the best checkpoint, `test_after_fit`, export and serving would all get
+the live weights. Two things are changed here, for EMA and SWA alike (`AverageOnlyInFit`):
+
+- Loading a checkpoint outside fit keeps its `state_dict`, the average. Lightning's callback
+  loads the live weights back whenever its average exists, which is the case in `trainer.test`
+  right after `fit`: `test_after_fit` would have tested the live weights.
+- Nothing is swapped or stored while the average is still the initial model (SWA before
+  `swa_epoch_start`): validation and checkpoints then show the live weights.
 """
 
 from __future__ import annotations
@@ -14,10 +18,54 @@ from __future__ import annotations
 from typing import Any
 
 from lightning import LightningModule, Trainer
+from lightning.pytorch.callbacks import EMAWeightAveraging as LightningEMA
 from lightning.pytorch.callbacks import WeightAveraging
+from lightning.pytorch.trainer.states import TrainerFn
 
 
-class SWAWeightAveraging(WeightAveraging):
+class AverageOnlyInFit:
+    """Mixin for a `WeightAveraging` subclass (see the module docstring)."""
+
+    _average_model: Any
+
+    def started(self, trainer: Trainer) -> bool:
+        fitting = trainer.state.fn == TrainerFn.FITTING
+        return fitting and self._average_model is not None and int(self._average_model.n_averaged) > 0
+
+    def on_validation_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._swapped = self.started(trainer)
+        if self._swapped:
+            super().on_validation_epoch_start(trainer, pl_module)  # type: ignore[misc]
+
+    def on_validation_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if getattr(self, "_swapped", False):
+            super().on_validation_epoch_end(trainer, pl_module)  # type: ignore[misc]
+        self._swapped = False
+
+    def on_save_checkpoint(self, trainer: Trainer, pl_module: LightningModule, checkpoint: dict[str, Any]) -> None:
+        if self.started(trainer):
+            super().on_save_checkpoint(trainer, pl_module, checkpoint)  # type: ignore[misc]
+
+    def on_load_checkpoint(self, trainer: Trainer, pl_module: LightningModule, checkpoint: dict[str, Any]) -> None:
+        if trainer.state.fn == TrainerFn.FITTING:  # resuming: the live weights and the average's state
+            super().on_load_checkpoint(trainer, pl_module, checkpoint)  # type: ignore[misc]
+
+    def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if self.started(trainer):
+            super().on_train_end(trainer, pl_module)  # type: ignore[misc]
+
+
+class EMAWeightAveraging(AverageOnlyInFit, LightningEMA):
+    """Lightning's `EMAWeightAveraging` (same arguments: decay, update_every_n_steps, ...), see the module docstring."""
+
+
+class SWAWeightAveraging(AverageOnlyInFit, WeightAveraging):
+    """The equal-weight average of the weights at the end of each epoch from `swa_epoch_start` on, as SWA does.
+
+    Updated at the epoch's last batch rather than at epoch end: validation, which runs before the
+    epoch-end hooks, then already sees this epoch's weights in the average.
+    """
+
     def __init__(self, swa_epoch_start: int | float = 0.5, device: str | None = None, use_buffers: bool = True) -> None:
         """
         Args:
@@ -39,39 +87,15 @@ class SWAWeightAveraging(WeightAveraging):
             )
         return int(self.swa_epoch_start * trainer.max_epochs)
 
+    def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        self._start = self.start_epoch(trainer)
+        super().setup(trainer, pl_module, stage)
+
     def should_update(self, step_idx: int | None = None, epoch_idx: int | None = None) -> bool:
         return False  # the base class's hooks never update; on_train_batch_end below does
 
     def on_train_batch_end(
         self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
-        # At the epoch's last batch rather than at epoch end: validation, which runs before the
-        # epoch-end hooks, then already sees this epoch's weights in the average.
         if trainer.fit_loop.epoch_loop.batch_progress.is_last_batch and trainer.current_epoch >= self._start:
             self._average_model.update_parameters(pl_module)
-
-    def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
-        self._start = self.start_epoch(trainer)
-        super().setup(trainer, pl_module, stage)
-
-    def started(self) -> bool:
-        """Until the first epoch is averaged the average is the initial model: validate and save the live one."""
-        return self._average_model is not None and int(self._average_model.n_averaged) > 0
-
-    def on_validation_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        self._swapped = self.started()
-        if self._swapped:
-            super().on_validation_epoch_start(trainer, pl_module)
-
-    def on_validation_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        if getattr(self, "_swapped", False):
-            super().on_validation_epoch_end(trainer, pl_module)
-        self._swapped = False
-
-    def on_save_checkpoint(self, trainer: Trainer, pl_module: LightningModule, checkpoint: dict[str, Any]) -> None:
-        if self.started():
-            super().on_save_checkpoint(trainer, pl_module, checkpoint)
-
-    def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        if self.started():
-            super().on_train_end(trainer, pl_module)

@@ -9,9 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 from lightning import Callback, Trainer, seed_everything
-from lightning.pytorch.callbacks import EMAWeightAveraging
 
-from callbacks import ExactResume, ResumeCheckpoint, SWAWeightAveraging, TwoStageFinetuning
+from callbacks import EMAWeightAveraging, ExactResume, ResumeCheckpoint, SWAWeightAveraging, TwoStageFinetuning
 from datamodules import FashionMNISTDataModule
 from models import SimpleCNN
 from tests.conftest import save_random_weights
@@ -60,8 +59,13 @@ def test_averaged_run_stopped_mid_epoch_resumes_exactly(kind: str, tmp_path: Pat
     assert same_state(full_live, resumed_live)
     assert same_state(full_average, resumed_average)
     assert full.callback_metrics["val_acc"].item() == resumed.callback_metrics["val_acc"].item()
-    # After fit the model holds the average, which differs from the last live weights.
+    # After fit the model holds the average.
     assert same_state(full_live, {k[len("module.") :]: v for k, v in full_average.items() if k.startswith("module.")})
+    # Testing a checkpoint right after fit (test_after_fit) tests its state_dict, the average, not the live weights.
+    full.test(full.lightning_module, datamodule=full.datamodule, ckpt_path=str(tmp_path / "full" / "last.ckpt"))
+    saved = torch.load(tmp_path / "full" / "last.ckpt", weights_only=True)
+    assert same_state(full.lightning_module.state_dict(), saved["state_dict"])
+    assert not same_state(saved["state_dict"], saved["current_model_state"])
 
 
 def test_swa_stays_out_of_the_way_before_its_start(tmp_path: Path, fashion_mnist_dir) -> None:
