@@ -96,3 +96,36 @@ def run_cli(*args: str, cwd: Path, timeout: float = 300, script: str = "train.py
             f"{script} {' '.join(args)} exited {result.returncode}\n{result.stdout[-3000:]}\n{result.stderr[-5000:]}"
         )
     return result
+
+
+ONE_EPOCH = [*QUICK, "--trainer.max_epochs=1", "--test_after_fit=false"]
+
+
+def best_checkpoint(workdir: Path, name: str) -> Path:
+    return next((workdir / "logs" / name / "version_0" / "checkpoints").glob("epoch=*.ckpt"))
+
+
+@pytest.fixture(scope="session")
+def main_run(tmp_path_factory: pytest.TempPathFactory, fashion_mnist_dir) -> Path:
+    """A short run of the main config with augmentation, logging every step (shared by tools and serving tests)."""
+    workdir = tmp_path_factory.mktemp("main")
+    args = ["--config", str(ROOT / "configs/simple_cnn.yaml"), "--data.augment=true", "--trainer.log_every_n_steps=1"]
+    run_cli("fit", *args, *ONE_EPOCH, cwd=workdir)
+    return workdir
+
+
+@pytest.fixture(scope="session")
+def main_predictions(main_run: Path) -> subprocess.CompletedProcess:
+    """`train.py predict` of the main run's best checkpoint on the first 256 test images -> predictions.csv."""
+    return run_cli(
+        "predict", "--config", str(ROOT / "configs/simple_cnn.yaml"), "--trainer.limit_predict_batches=2",
+        f"--ckpt_path={best_checkpoint(main_run, 'simple_cnn')}", "--trainer.enable_progress_bar=false", cwd=main_run,
+    )  # fmt: skip
+
+
+@pytest.fixture(scope="session")
+def main_export(main_run: Path) -> subprocess.CompletedProcess:
+    """`export.py` of the main run's best checkpoint into main_run/out/."""
+    config = ["--config", str(ROOT / "configs/simple_cnn.yaml")]
+    return run_cli(*config, f"--ckpt_path={best_checkpoint(main_run, 'simple_cnn')}", "--out=out", cwd=main_run,
+                   script="export.py")  # fmt: skip

@@ -92,7 +92,7 @@ def test_validate_reproduces_best_checkpoint_score(fitted: tuple[Path, str]) -> 
     result = run_cli(
         "validate", "--config", str(ROOT / "configs/simple_cnn.yaml"), f"--ckpt_path={best}", *QUICK, cwd=workdir
     )
-    val_acc = float(re.search(r"val_acc\s+([0-9.]+)", result.stdout).group(1))
+    val_acc = float(re.search(r"val_acc\W+([0-9.]+)", result.stdout).group(1))  # plain or Rich table
     assert val_acc == pytest.approx(callback_state["best_model_score"].item(), abs=1e-6)
 
 

@@ -79,7 +79,7 @@ def start_search(cwd: Path, study: str, trials: int, space: Path, *extra: str) -
 
 
 SPACE = {"model.optimizer.init_args.lr": {"log_uniform": [1e-3, 1e-2]}, "model.dropout": {"uniform": [0.0, 0.5]}}
-LONGER = ["--trainer.limit_train_batches=40", "--trainer.limit_val_batches=2", "--trainer.max_epochs=4",
+LONGER = ["--trainer.limit_train_batches=20", "--trainer.limit_val_batches=2", "--trainer.max_epochs=3",
           "--trainer.enable_progress_bar=false", "--test_after_fit=false"]  # fmt: skip
 
 

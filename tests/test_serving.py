@@ -21,7 +21,7 @@ from datamodules import ImageFolderDataModule
 from datamodules.idx import read_idx
 from serving.launch import background_server
 from serving.preprocess import ImagePreprocessor
-from tests.conftest import QUICK, ROOT, run_cli
+from tests.conftest import ROOT, best_checkpoint
 
 pytestmark = pytest.mark.slow
 NUM_IMAGES = 16
@@ -46,17 +46,8 @@ def _assert_same(answers: list[dict], expected: list[tuple[str, list[float]]]) -
 
 
 @pytest.fixture(scope="module")
-def image_model(tmp_path_factory: pytest.TempPathFactory, fashion_mnist_dir: Path) -> dict:
-    """A briefly trained SimpleCNN, its ONNX export, the first test images as PNG files and predict's answers."""
-    work = tmp_path_factory.mktemp("serve_image")
-    config = ["--config", str(ROOT / "configs/simple_cnn.yaml")]
-    run_cli("fit", *config, *QUICK, "--trainer.max_epochs=1", "--test_after_fit=false", cwd=work)
-    checkpoint = work / "logs/simple_cnn/version_0/checkpoints/last.ckpt"
-    run_cli(
-        "predict", *config, f"--ckpt_path={checkpoint}", f"--data.batch_size={NUM_IMAGES}",
-        "--trainer.limit_predict_batches=1", "--predictions.output_file=predictions.csv", cwd=work,
-    )  # fmt: skip
-    run_cli(*config, f"--ckpt_path={checkpoint}", "--out=export", cwd=work, script="export.py")
+def image_model(main_run: Path, main_predictions, main_export, fashion_mnist_dir: Path) -> dict:
+    """The main run's best checkpoint, its ONNX export, the first test images as PNG files and predict's answers."""
     images = read_idx(fashion_mnist_dir / "t10k-images-idx3-ubyte.gz")[:NUM_IMAGES]
     pngs = []
     for image in images:
@@ -64,8 +55,8 @@ def image_model(tmp_path_factory: pytest.TempPathFactory, fashion_mnist_dir: Pat
         Image.fromarray(image.numpy()).save(buffer, format="PNG")
         pngs.append(buffer.getvalue())
     return {
-        "checkpoint": checkpoint, "onnx": work / "export/net.onnx", "pngs": pngs, "work": work,
-        "expected": _predicted(work / "predictions.csv"),
+        "checkpoint": best_checkpoint(main_run, "simple_cnn"), "onnx": main_run / "out/net.onnx", "pngs": pngs,
+        "work": main_run, "expected": _predicted(main_run / "predictions.csv")[:NUM_IMAGES],
     }  # fmt: skip
 
 
@@ -174,29 +165,6 @@ print("torch imported:", "torch" in sys.modules)
     result = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.split("\n")[:2] == [image_model["expected"][0][0], "torch imported: False"]
-
-
-def test_text_model_serves_predict_s_answers(tmp_path: Path, fortunes_dir: Path) -> None:
-    config = ["--config", str(ROOT / "configs/transformer_text.yaml"), "--model.depth=1"]
-    config += [f"--data.{s}_file={fortunes_dir / f'{s}.jsonl'}" for s in ("train", "val", "test")]
-    run_cli("fit", *config, *QUICK, "--trainer.max_epochs=1", "--test_after_fit=false", cwd=tmp_path)
-    checkpoint = tmp_path / "logs/transformer_text/version_0/checkpoints/last.ckpt"
-    texts = [
-        "The computer crashed again.", "Beam me up, Scotty!", "Bread, cheese and a glass of wine.",
-        "Captain's log, stardate 41153.7: a BUG in the warp core?", "x",
-    ]  # fmt: skip
-    (tmp_path / "texts.txt").write_text("\n".join(texts) + "\n")
-    run_cli(
-        "predict", *config, f"--ckpt_path={checkpoint}", f"--data.predict_file={tmp_path / 'texts.txt'}",
-        "--predictions.output_file=predictions.csv", cwd=tmp_path,
-    )  # fmt: skip
-    with serving("--ckpt_path", str(checkpoint), cwd=tmp_path) as url:
-        response = requests.post(f"{url}/predict", json={"texts": texts}, timeout=30)
-        assert response.status_code == 200, response.text
-        _assert_same(response.json()["predictions"], _predicted(tmp_path / "predictions.csv"))
-        empty = requests.post(f"{url}/predict", json={"texts": ["ok", "   "]}, timeout=30)
-        assert empty.status_code == 400 and "input 1: empty text" in empty.json()["detail"]
-        assert requests.post(f"{url}/predict", json={"text": texts[0]}, timeout=30).status_code == 200
 
 
 @pytest.mark.parametrize("size", [(28, 28), (40, 30), (200, 64)])

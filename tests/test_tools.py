@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import csv
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -13,19 +12,14 @@ from PIL import Image
 
 from datamodules import FashionMNISTDataModule
 from models import ResNetClassifier
-from tests.conftest import QUICK, ROOT, run_cli, save_random_weights
+from tests.conftest import ONE_EPOCH, ROOT, best_checkpoint, run_cli, save_random_weights
 from tests.helpers import event_tags
 from train import TemplateCLI
 
-ONE_EPOCH = [*QUICK, "--trainer.max_epochs=1", "--test_after_fit=false"]
 # transfer.yaml needs weights (tests/test_finetuning.py); the tracker presets have tests/test_trackers.py,
 # the batch-size finder tests/test_console.py.
 OWN_TESTS = {"transfer.yaml", "csv_logger.yaml", "mlflow.yaml", "wandb.yaml", "batch_size_finder.yaml"}
 PRESETS = sorted(p for p in (ROOT / "configs" / "presets").glob("*.yaml") if p.name not in OWN_TESTS)
-
-
-def _checkpoint(workdir: Path, name: str) -> Path:
-    return next((workdir / "logs" / name / "version_0" / "checkpoints").glob("epoch=*.ckpt"))
 
 
 @pytest.mark.parametrize("preset", PRESETS, ids=lambda p: p.name)
@@ -69,38 +63,28 @@ def test_overfit_preset_drives_the_training_loss_to_zero(tmp_path: Path, monkeyp
     assert cli.trainer.current_epoch < 200
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("family", ["simple_cnn", "transformer_text"], ids=["convnet", "text-transformer"])
-def test_export_round_trips(family: str, tmp_path: Path, request: pytest.FixtureRequest, fortunes_dir: Path) -> None:
-    """Images (fixed shape) and token ids (dynamic length): TorchScript, ONNX, state dict reproduce the logits."""
-    config = ["--config", str(ROOT / f"configs/{family}.yaml")]
-    if family == "transformer_text":
-        config += [
-            "--model.depth=1",
-            *(f"--data.{s}_file={fortunes_dir / f'{s}.jsonl'}" for s in ("train", "val", "test")),
-        ]
-        run_cli("fit", *config, *ONE_EPOCH, cwd=tmp_path)
-        checkpoint = _checkpoint(tmp_path, family)
-    else:
-        checkpoint = _checkpoint(request.getfixturevalue("main_run"), family)
-    result = subprocess.run(
-        [sys.executable, str(ROOT / "export.py"), *config, f"--ckpt_path={checkpoint}", "--out=out"],
-        cwd=tmp_path, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
-    assert result.returncode == 0, result.stdout + result.stderr[-3000:]
+def _assert_exported(result: subprocess.CompletedProcess, out: Path) -> None:
     for kind, file in (("torchscript", "net.ts"), ("onnx", "net.onnx"), ("state_dict", "net_state_dict.pt")):
         assert f"{kind:<11} out/{file}  max |logit difference| = " in result.stdout
-        assert (tmp_path / "out" / file).is_file()
-    assert "FAILED" not in result.stdout
+        assert (out / file).is_file()
+    assert "FAILED" not in result.stdout and (out / "serving.json").is_file()
 
 
-@pytest.fixture(scope="module")
-def main_run(tmp_path_factory: pytest.TempPathFactory, fashion_mnist_dir) -> Path:
-    """A short run of the main config with augmentation, logging every step."""
-    workdir = tmp_path_factory.mktemp("main")
-    args = ["--config", str(ROOT / "configs/simple_cnn.yaml"), "--data.augment=true", "--trainer.log_every_n_steps=1"]
-    run_cli("fit", *args, *ONE_EPOCH, cwd=workdir)
-    return workdir
+@pytest.mark.slow
+def test_export_of_images_round_trips(main_export: subprocess.CompletedProcess, main_run: Path) -> None:
+    """Images (fixed shape): TorchScript, ONNX and the state dict reproduce the logits (export.py checks each)."""
+    _assert_exported(main_export, main_run / "out")
+
+
+@pytest.mark.slow
+def test_export_of_token_ids_round_trips(tmp_path: Path, fortunes_dir: Path) -> None:
+    """Token ids (dynamic length): the same three files reproduce the logits at two sequence lengths."""
+    config = ["--config", str(ROOT / "configs/transformer_text.yaml"), "--model.depth=1"]
+    config += [f"--data.{s}_file={fortunes_dir / f'{s}.jsonl'}" for s in ("train", "val", "test")]
+    run_cli("fit", *config, *ONE_EPOCH, cwd=tmp_path)
+    checkpoint = best_checkpoint(tmp_path, "transformer_text")
+    result = run_cli(*config, f"--ckpt_path={checkpoint}", "--out=out", cwd=tmp_path, script="export.py")
+    _assert_exported(result, tmp_path / "out")
 
 
 @pytest.mark.slow
@@ -113,12 +97,8 @@ def test_fit_writes_images_hparams_and_scalars_tensorboard_can_list(main_run: Pa
 
 
 @pytest.mark.slow
-def test_predict_with_the_main_config_writes_a_csv(main_run: Path) -> None:
-    result = run_cli(
-        "predict", "--config", str(ROOT / "configs/simple_cnn.yaml"), "--trainer.limit_predict_batches=2",
-        f"--ckpt_path={_checkpoint(main_run, 'simple_cnn')}", "--trainer.enable_progress_bar=false", cwd=main_run,
-    )  # fmt: skip
-    assert "predictions written to predictions.csv" in result.stdout
+def test_predict_with_the_main_config_writes_a_csv(main_run: Path, main_predictions) -> None:
+    assert "predictions written to predictions.csv" in main_predictions.stdout
     with open(main_run / "predictions.csv", newline="") as f:
         rows = list(csv.DictReader(f))
     names = FashionMNISTDataModule.all_class_names
@@ -139,7 +119,7 @@ def test_predict_on_an_image_folder_writes_names_and_probabilities(tmp_path: Pat
     ]  # fmt: skip
     run_cli("fit", *common, *ONE_EPOCH, cwd=tmp_path)
     run_cli(
-        "predict", *common, f"--ckpt_path={_checkpoint(tmp_path, 'resnet_finetune')}",
+        "predict", *common, f"--ckpt_path={best_checkpoint(tmp_path, 'resnet_finetune')}",
         f"--data.predict_dir={tmp_path / 'new'}", f"--predictions.output_file={tmp_path / 'out.csv'}", cwd=tmp_path,
     )  # fmt: skip
     with open(tmp_path / "out.csv", newline="") as f:

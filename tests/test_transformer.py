@@ -8,6 +8,7 @@ import math
 from pathlib import Path
 
 import pytest
+import requests
 import torch
 from lightning import seed_everything
 from lightning.pytorch.callbacks import ModelCheckpoint
@@ -15,6 +16,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from datamodules.text import BucketSampler, TextClassificationDataModule, WordTokenizer
 from models import TransformerClassifier
 from models.transformer import MultiHeadSelfAttention
+from serving.launch import background_server
 from tests.conftest import ROOT, run_cli
 
 
@@ -134,7 +136,9 @@ def test_vocabulary_and_labels_survive_a_checkpoint(tmp_path: Path, fortunes_dir
 
 
 @pytest.mark.slow
-def test_fit_then_predict_raw_texts_writes_label_names(tmp_path: Path, fortunes_dir: Path) -> None:
+def test_fit_then_predict_raw_texts_writes_label_names_and_the_server_agrees(
+    tmp_path: Path, fortunes_dir: Path
+) -> None:
     data = [
         f"--data.train_file={fortunes_dir / 'train.jsonl'}",
         f"--data.val_file={fortunes_dir / 'val.jsonl'}",
@@ -142,7 +146,8 @@ def test_fit_then_predict_raw_texts_writes_label_names(tmp_path: Path, fortunes_
     ]
     quick = ["--trainer.max_epochs=2", "--trainer.enable_progress_bar=false", "--model.depth=1", "--model.dim=32"]
     run_cli("fit", "--config", str(ROOT / "configs/transformer_text.yaml"), *data, *quick, cwd=tmp_path)
-    (tmp_path / "texts.txt").write_text("The compiler crashed and dumped core.\nBeam me up, Scotty.\n")
+    texts = ["The compiler crashed and dumped core.", "Beam me up, Scotty.", "BREAD, cheese & wine?!", "x"]
+    (tmp_path / "texts.txt").write_text("\n".join(texts) + "\n")
     checkpoint = next((tmp_path / "logs/transformer_text/version_0/checkpoints").glob("epoch=*.ckpt"))
     run_cli(
         "predict", "--config", str(ROOT / "configs/transformer_text.yaml"), f"--ckpt_path={checkpoint}",
@@ -151,7 +156,18 @@ def test_fit_then_predict_raw_texts_writes_label_names(tmp_path: Path, fortunes_
     )  # fmt: skip
     with open(tmp_path / "predictions.csv", newline="") as f:
         rows = list(csv.DictReader(f))
-    assert [row["input"] for row in rows] == ["The compiler crashed and dumped core.", "Beam me up, Scotty."]
+    assert [row["input"] for row in rows] == texts
     assert all(row["prediction"] in {"computers", "food", "startrek"} for row in rows)
     assert list(rows[0]) == ["input", "prediction", "probability", "p_computers", "p_food", "p_startrek"]
     assert sum(float(rows[0][f"p_{c}"]) for c in ("computers", "food", "startrek")) == pytest.approx(1, abs=1e-3)
+    # serve.py reads raw texts with the checkpoint's tokenizer: predict's answers, to 1e-5.
+    with background_server("--ckpt_path", str(checkpoint), cwd=tmp_path) as url:
+        texts = [row["input"] for row in rows]
+        answer = requests.post(f"{url}/predict", json={"texts": texts}, timeout=30)
+        assert answer.status_code == 200, answer.text
+        for served, row in zip(answer.json()["predictions"], rows, strict=True):
+            assert served["label"] == row["prediction"]
+            assert all(abs(served["probabilities"][c] - float(row[f"p_{c}"])) < 1e-5 for c in served["probabilities"])
+        empty = requests.post(f"{url}/predict", json={"texts": ["ok", "   "]}, timeout=30)
+        assert empty.status_code == 400 and "input 1: empty text" in empty.json()["detail"]
+        assert requests.post(f"{url}/predict", json={"text": texts[0]}, timeout=30).status_code == 200
