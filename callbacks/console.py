@@ -19,7 +19,7 @@ class EpochLines(ProgressBar):
     def __init__(self) -> None:
         super().__init__()
         self._enabled = True
-        self._epoch_start = 0.0
+        self._epoch_start, self._loss_sum, self._batches = 0.0, 0.0, 0
 
     def disable(self) -> None:
         self._enabled = False
@@ -29,6 +29,14 @@ class EpochLines(ProgressBar):
 
     def on_train_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._epoch_start = time.monotonic()
+        self._loss_sum, self._batches = 0.0, 0
+
+    def on_train_batch_end(
+        self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
+        if loss is not None:  # summed on the device: no synchronization per step
+            self._loss_sum, self._batches = self._loss_sum + loss.detach(), self._batches + 1
 
     def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         if not self._enabled or not trainer.is_global_zero:
@@ -38,6 +46,8 @@ class EpochLines(ProgressBar):
             for name, value in sorted(trainer.callback_metrics.items())
             if value.numel() == 1 and not name.endswith("_step") and not name.startswith("lr-")
         }
+        if self._batches:  # the epoch's mean, not the last batch's value that train_loss holds
+            metrics["train_loss"] = float(self._loss_sum / self._batches)
         if trainer.optimizers:  # the first param group's rate (the monitor logs every group's)
             metrics["lr"] = trainer.optimizers[0].param_groups[0]["lr"]
         shown = "  ".join(f"{name} {value:.4g}" for name, value in metrics.items())
