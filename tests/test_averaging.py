@@ -40,6 +40,7 @@ AVERAGING = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", list(AVERAGING))
 def test_averaged_run_stopped_mid_epoch_resumes_exactly(kind: str, tmp_path: Path, fashion_mnist_dir) -> None:
     full_averaging = AVERAGING[kind]()
@@ -79,6 +80,7 @@ def test_swa_stays_out_of_the_way_before_its_start(tmp_path: Path, fashion_mnist
     assert trainer.callback_metrics["val_acc"].item() > 0.3  # the initial model scores about 0.1
 
 
+@pytest.mark.slow
 def test_ema_with_two_stage_finetuning_resumes_in_stage_two(tmp_path: Path, fashion_mnist_dir) -> None:
     weights = str(save_random_weights(SimpleCNN, tmp_path / "net.pth"))
 

@@ -89,16 +89,16 @@ def test_validate_reproduces_best_checkpoint_score(fitted: tuple[Path, str]) -> 
     best = next((workdir / "logs" / "simple_cnn" / "version_0" / "checkpoints").glob("epoch=*.ckpt"))
     saved = torch.load(best, weights_only=True)
     callback_state = next(v for k, v in saved["callbacks"].items() if k.startswith("ModelCheckpoint"))
-    result = run_cli(
-        "validate", "--config", str(ROOT / "configs/simple_cnn.yaml"), f"--ckpt_path={best}", *QUICK, cwd=workdir
-    )
-    val_acc = float(re.search(r"val_acc\W+([0-9.]+)", result.stdout).group(1))  # plain or Rich table
+    cli = TemplateCLI(args=["validate", "--config", str(ROOT / "configs/simple_cnn.yaml"), f"--ckpt_path={best}",
+                            *QUICK, f"--trainer.default_root_dir={workdir}", "--trainer.logger=false"])  # fmt: skip
+    val_acc = cli.trainer.callback_metrics["val_acc"].item()
     assert val_acc == pytest.approx(callback_state["best_model_score"].item(), abs=1e-6)
 
 
 @pytest.mark.slow
-def test_a_config_of_model_and_data_alone_resumes_exactly(tmp_path: Path, fashion_mnist_dir) -> None:
-    """The defaults and the CLI supply everything resume needs: a SIGTERM mid-epoch, then --ckpt_path last."""
+def test_a_config_of_model_and_data_alone_resumes_exactly(tmp_path: Path, monkeypatch, fashion_mnist_dir) -> None:
+    """The defaults and the CLI supply everything resume needs: a SIGTERM mid-epoch (a real process, stopped
+    with exit status 143), then --ckpt_path last (here in-process, like the uninterrupted reference)."""
     (tmp_path / "mine.yaml").write_text(
         "model: models.SimpleCNN\n"
         "data:\n  class_path: datamodules.FashionMNISTDataModule\n  init_args: {augment: true}\n"
@@ -109,7 +109,9 @@ def test_a_config_of_model_and_data_alone_resumes_exactly(tmp_path: Path, fashio
         "--trainer.log_every_n_steps=1",
     ]  # fmt: skip
     (tmp_path / "full").mkdir()
-    run_cli(*[a if a != "mine.yaml" else "../mine.yaml" for a in args], cwd=tmp_path / "full")
+    monkeypatch.chdir(tmp_path / "full")
+    TemplateCLI(args=[a if a != "mine.yaml" else "../mine.yaml" for a in args])
+    monkeypatch.chdir(tmp_path)
     stop = ["--trainer.callbacks+=tests.helpers.SignalAtBatch", "--trainer.callbacks.epoch=1",
             "--trainer.callbacks.batch=4", "--trainer.callbacks.signum=15"]  # fmt: skip
     stopped = subprocess.run(
@@ -120,14 +122,14 @@ def test_a_config_of_model_and_data_alone_resumes_exactly(tmp_path: Path, fashio
         timeout=300,
     )
     assert stopped.returncode == 143, stopped.stderr[-2000:]  # 128 + SIGTERM: stopped, not finished
-    run_cli(*args, "--ckpt_path=last", cwd=tmp_path)
+    TemplateCLI(args=[*args, "--ckpt_path=last"])
     load = lambda d: torch.load(d / "logs/mine/version_0/checkpoints/last.ckpt", weights_only=True)  # noqa: E731
     full, resumed = load(tmp_path / "full"), load(tmp_path)
     assert resumed["global_step"] == full["global_step"] == 20
     assert same_state(full["state_dict"], resumed["state_dict"])
     assert [p.name for p in (tmp_path / "logs/mine").iterdir()] == ["version_0"]  # the same run folder continued
     steps = scalar_steps(sorted((tmp_path / "logs/mine/version_0").glob("events.out.tfevents.*")), "train_loss")
-    assert max(steps) == 19 and len(steps) == len(set(steps))  # logged once per step across the two processes
+    assert max(steps) == 19 and len(steps) == len(set(steps))  # logged once per step across the two runs
 
 
 def test_any_torch_optimizer_from_the_command_line_or_a_yaml(tmp_path: Path, monkeypatch, fashion_mnist_dir) -> None:

@@ -3,8 +3,6 @@ options from the environment, and the batch-size finder preset."""
 
 from __future__ import annotations
 
-import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -19,21 +17,16 @@ from train import TemplateCLI, main, template_error
 JOB = ["--config", str(ROOT / "configs/simple_cnn.yaml")]
 
 
-def _train(*args: str, cwd: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    """train.py with stdout and stderr going to a file-like pipe, as under CI or nohup."""
-    return subprocess.run(
-        [sys.executable, str(ROOT / "train.py"), *args], cwd=cwd, capture_output=True, text=True, timeout=300,
-        env={**os.environ, **(env or {})},
-    )  # fmt: skip
-
-
 @pytest.mark.slow
-def test_a_log_file_gets_one_line_per_epoch_and_no_progress_frames(tmp_path: Path, fashion_mnist_dir) -> None:
+def test_a_log_file_gets_one_line_per_epoch_and_no_progress_frames(
+    tmp_path: Path, monkeypatch, capsys, fashion_mnist_dir
+) -> None:
+    monkeypatch.chdir(tmp_path)  # stdout is pytest's capture: not a terminal, as under CI or nohup
     flags = [f for f in QUICK if "progress_bar" not in f]  # the default progress bar, as `make train` runs
-    result = _train("fit", *JOB, *flags, "--trainer.max_epochs=3", cwd=tmp_path)
-    assert result.returncode == 0, result.stderr[-3000:]
-    log = result.stdout + result.stderr
-    epochs = [line for line in result.stdout.splitlines() if line.startswith("epoch ")]
+    TemplateCLI(args=["fit", *JOB, *flags, "--trainer.max_epochs=3"])
+    out, err = capsys.readouterr()
+    log = out + err
+    epochs = [line for line in out.splitlines() if line.startswith("epoch ")]
     assert [line.split()[1] for line in epochs] == ["1/3", "2/3", "3/3"]
     assert all("val_acc" in line and "train_loss" in line for line in epochs)
     assert "\r" not in log and "it/s" not in log  # no progress-bar redraws
@@ -64,17 +57,16 @@ def test_errors_print_the_message_without_traceback_and_debug_shows_it(tmp_path:
         main()  # --debug: the exception itself propagates, with its traceback
 
 
-def test_every_option_can_come_from_the_environment(tmp_path: Path) -> None:
-    env = {
-        "PL_FIT__CONFIG": str(ROOT / "configs/simple_cnn.yaml"),
-        "PL_FIT__TRAINER__MAX_EPOCHS": "3",
-        "PL_FIT__MODEL": '{"init_args": {"dropout": 0.4}}',  # subclass options: one variable, merged
-    }
-    printed = _train("fit", "--print_config", "--trainer.min_epochs=2", cwd=tmp_path, env=env)
-    assert printed.returncode == 0, printed.stderr[-2000:]
-    assert "  max_epochs: 3\n" in printed.stdout and "    dropout: 0.4\n" in printed.stdout
-    assert "class_path: models.SimpleCNN" in printed.stdout
-    assert "  min_epochs: 2\n" in printed.stdout  # flags still apply
+def test_every_option_can_come_from_the_environment(monkeypatch, capsys) -> None:
+    monkeypatch.setenv("PL_FIT__CONFIG", str(ROOT / "configs/simple_cnn.yaml"))
+    monkeypatch.setenv("PL_FIT__TRAINER__MAX_EPOCHS", "3")
+    monkeypatch.setenv("PL_FIT__MODEL", '{"init_args": {"dropout": 0.4}}')  # subclass options: one variable, merged
+    with pytest.raises(SystemExit):
+        TemplateCLI(args=["fit", "--print_config", "--trainer.min_epochs=2"])
+    printed = capsys.readouterr().out
+    assert "  max_epochs: 3\n" in printed and "    dropout: 0.4\n" in printed
+    assert "class_path: models.SimpleCNN" in printed
+    assert "  min_epochs: 2\n" in printed  # flags still apply
 
 
 @pytest.mark.slow

@@ -72,19 +72,9 @@ def _assert_exported(result: subprocess.CompletedProcess, out: Path) -> None:
 
 @pytest.mark.slow
 def test_export_of_images_round_trips(main_export: subprocess.CompletedProcess, main_run: Path) -> None:
-    """Images (fixed shape): TorchScript, ONNX and the state dict reproduce the logits (export.py checks each)."""
+    """Images (fixed shape): TorchScript, ONNX and the state dict reproduce the logits (export.py checks each;
+    token ids of dynamic length: tests/test_transformer.py)."""
     _assert_exported(main_export, main_run / "out")
-
-
-@pytest.mark.slow
-def test_export_of_token_ids_round_trips(tmp_path: Path, fortunes_dir: Path) -> None:
-    """Token ids (dynamic length): the same three files reproduce the logits at two sequence lengths."""
-    config = ["--config", str(ROOT / "configs/transformer_text.yaml"), "--model.depth=1"]
-    config += [f"--data.{s}_file={fortunes_dir / f'{s}.jsonl'}" for s in ("train", "val", "test")]
-    run_cli("fit", *config, *ONE_EPOCH, cwd=tmp_path)
-    checkpoint = best_checkpoint(tmp_path, "transformer_text")
-    result = run_cli(*config, f"--ckpt_path={checkpoint}", "--out=out", cwd=tmp_path, script="export.py")
-    _assert_exported(result, tmp_path / "out")
 
 
 @pytest.mark.slow
