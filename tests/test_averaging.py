@@ -21,7 +21,7 @@ def _fit(directory: Path, averaging: Callback, *callbacks: Callback, ckpt_path: 
     seed_everything(5)
     model = SimpleCNN(warmup_epochs=0.5, weights=weights)
     trainer = Trainer(
-        max_epochs=3, limit_train_batches=6, limit_val_batches=2, logger=False, enable_progress_bar=False,
+        max_epochs=3, limit_train_batches=4, limit_val_batches=2, logger=False, enable_progress_bar=False,
         enable_model_summary=False, deterministic=True, num_sanity_val_steps=0,
         callbacks=[averaging, ExactResume(), ResumeCheckpoint(dirpath=directory), *callbacks],
     )  # fmt: skip
@@ -46,7 +46,7 @@ def test_averaged_run_stopped_mid_epoch_resumes_exactly(kind: str, tmp_path: Pat
     full_averaging = AVERAGING[kind]()
     full = _fit(tmp_path / "full", full_averaging)
     with pytest.raises(SystemExit):  # SIGTERM in epoch 1, after the average has started
-        _fit(tmp_path / "cut", AVERAGING[kind](), SignalAtBatch(epoch=2, batch=2, signum=signal.SIGTERM))
+        _fit(tmp_path / "cut", AVERAGING[kind](), SignalAtBatch(epoch=2, batch=1, signum=signal.SIGTERM))
     checkpoint = torch.load(tmp_path / "cut" / "last.ckpt", weights_only=True)
     # The checkpoint's state_dict is the average; the live weights are kept beside it for resuming.
     assert "current_model_state" in checkpoint and "averaging_state" in checkpoint
@@ -90,7 +90,7 @@ def test_ema_with_two_stage_finetuning_resumes_in_stage_two(tmp_path: Path, fash
     full_ema = EMAWeightAveraging(decay=0.9)
     full = _fit(tmp_path / "full", full_ema, stage(), weights=weights)
     with pytest.raises(SystemExit):
-        stop = SignalAtBatch(epoch=2, batch=3, signum=signal.SIGTERM)
+        stop = SignalAtBatch(epoch=2, batch=1, signum=signal.SIGTERM)
         _fit(tmp_path / "cut", EMAWeightAveraging(decay=0.9), stage(), stop, weights=weights)
     resumed_ema = EMAWeightAveraging(decay=0.9)
     resumed = _fit(tmp_path / "cut", resumed_ema, stage(), ckpt_path=str(tmp_path / "cut/last.ckpt"), weights=weights)
