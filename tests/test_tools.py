@@ -19,7 +19,11 @@ from train import TemplateCLI
 # transfer.yaml needs weights (tests/test_finetuning.py); the tracker presets have tests/test_trackers.py,
 # the batch-size finder tests/test_console.py.
 OWN_TESTS = {"transfer.yaml", "csv_logger.yaml", "mlflow.yaml", "wandb.yaml", "batch_size_finder.yaml"}
-PRESETS = sorted(p for p in (ROOT / "configs" / "presets").glob("*.yaml") if p.name not in OWN_TESTS)
+PRESETS = [
+    pytest.param(p, marks=[pytest.mark.slow] if p.name in {"ema.yaml", "swa.yaml"} else [])  # and test_averaging.py
+    for p in sorted((ROOT / "configs" / "presets").glob("*.yaml"))
+    if p.name not in OWN_TESTS
+]
 
 
 @pytest.mark.parametrize("preset", PRESETS, ids=lambda p: p.name)
