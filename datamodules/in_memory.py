@@ -44,14 +44,19 @@ def collate_batch(batch: Batch) -> Batch:
     return batch
 
 
-def random_crop_flip(images: torch.Tensor, padding: int, flip: bool) -> torch.Tensor:
-    """Per-image random translation by up to `padding` pixels (zero fill) and horizontal flip, batched."""
+def random_crop_flip(images: torch.Tensor, padding: int, flip: bool, size: int | None = None) -> torch.Tensor:
+    """Per-image random crop of `size` (default: the input's size) from the images zero-padded by
+    `padding` pixels, and horizontal flip; batched, on the images' device."""
     n, _, h, w = images.shape
-    if padding > 0:
-        padded = torch.nn.functional.pad(images, (padding,) * 4)
-        offsets = torch.randint(0, 2 * padding + 1, (2, n), device=images.device)
-        rows = (torch.arange(h, device=images.device) + offsets[0, :, None])[:, None, :, None]
-        cols = (torch.arange(w, device=images.device) + offsets[1, :, None])[:, None, None, :]
+    size_h, size_w = (h, w) if size is None else (size, size)
+    if padding > 0 or (size_h, size_w) != (h, w):
+        padded = torch.nn.functional.pad(images, (padding,) * 4) if padding > 0 else images
+        offsets = torch.stack(
+            [torch.randint(0, extent + 2 * padding - size + 1, (n,), device=images.device)
+             for extent, size in ((h, size_h), (w, size_w))]
+        )  # fmt: skip
+        rows = (torch.arange(size_h, device=images.device) + offsets[0, :, None])[:, None, :, None]
+        cols = (torch.arange(size_w, device=images.device) + offsets[1, :, None])[:, None, None, :]
         batch_index = torch.arange(n, device=images.device)[:, None, None, None]
         channel_index = torch.arange(images.shape[1], device=images.device)[None, :, None, None]
         images = padded[batch_index, channel_index, rows, cols]
@@ -61,7 +66,53 @@ def random_crop_flip(images: torch.Tensor, padding: int, flip: bool) -> torch.Te
     return images
 
 
-class InMemoryImageDataModule(SplitLoaders, LightningDataModule):
+def center_crop(images: torch.Tensor, size: int) -> torch.Tensor:
+    top, left = (images.shape[-2] - size) // 2, (images.shape[-1] - size) // 2
+    return images[..., top : top + size, left : left + size]
+
+
+class DeviceImageTransforms:
+    """uint8 image batches -> (augmented while training) normalized float, on the device the model runs on.
+
+    Shared by the datamodules that deliver uint8 batches (in memory, streamed). `crop_size`: the
+    stored images are larger than the network's input; training crops at random, evaluation centrally.
+    """
+
+    mean: tuple[float, ...]
+    std: tuple[float, ...]
+    augment: bool
+    crop_padding: int
+    horizontal_flip: bool
+    crop_size: int | None = None
+    trainer: Any
+
+    def on_after_batch_transfer(self, batch: Batch, dataloader_idx: int) -> Batch:
+        """uint8 -> normalized float on the device; augmentation only while training."""
+        images, labels = batch
+        training = self.trainer is not None and self.trainer.training
+        if training and (self.augment or self.crop_size is not None):
+            padding = self.crop_padding if self.augment else 0
+            images = random_crop_flip(images, padding, self.augment and self.horizontal_flip, self.crop_size)
+        elif self.crop_size is not None:
+            images = center_crop(images, self.crop_size)
+        return self.normalize(images), labels
+
+    def normalize(self, images: torch.Tensor) -> torch.Tensor:
+        """uint8 -> float, (x / 255 - mean) / std per channel, as one multiply-add."""
+        scale, shift = self._affine(images.device)
+        return torch.addcmul(shift, images.float(), scale)
+
+    def _affine(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        # Built once per device: creating them per batch would copy to the GPU every step. Kept on
+        # the instance (not in a functools.cache, which would keep every datamodule alive).
+        cache = self.__dict__.setdefault("_affine_cache", {})
+        if device not in cache:
+            mean, std = torch.tensor(self.mean).view(1, -1, 1, 1), torch.tensor(self.std).view(1, -1, 1, 1)
+            cache[device] = (1 / (255.0 * std)).to(device), (-mean / std).to(device)
+        return cache[device]
+
+
+class InMemoryImageDataModule(DeviceImageTransforms, SplitLoaders, LightningDataModule):
     """Base for datasets held as uint8 [N, C, H, W] tensors. Subclasses implement `load_splits`."""
 
     mean: tuple[float, ...] = (0.5,)
@@ -125,7 +176,6 @@ class InMemoryImageDataModule(SplitLoaders, LightningDataModule):
         self.num_workers = num_workers
         self.pin_memory = pin_memory
         self.splits: dict[str, TensorPairDataset] = {}
-        self._affine_cache: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
 
     @property
     def class_names(self) -> tuple[str, ...]:
@@ -208,23 +258,3 @@ class InMemoryImageDataModule(SplitLoaders, LightningDataModule):
             "kind": "image", "class_names": list(self.class_names), "channels": channels, "size": [height, width],
             "mean": list(self.mean), "std": list(self.std),
         }  # fmt: skip
-
-    def on_after_batch_transfer(self, batch: Batch, dataloader_idx: int) -> Batch:
-        """uint8 -> normalized float on the device; augmentation only while training."""
-        images, labels = batch
-        if self.augment and self.trainer is not None and self.trainer.training:
-            images = random_crop_flip(images, self.crop_padding, self.horizontal_flip)
-        return self.normalize(images), labels
-
-    def normalize(self, images: torch.Tensor) -> torch.Tensor:
-        """uint8 -> float, (x / 255 - mean) / std per channel, as one multiply-add."""
-        scale, shift = self._affine(images.device)
-        return torch.addcmul(shift, images.float(), scale)
-
-    def _affine(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-        # Built once per device: creating them per batch would copy to the GPU every step. Kept on
-        # the instance (not in a functools.cache, which would keep every datamodule alive).
-        if device not in self._affine_cache:
-            mean, std = torch.tensor(self.mean).view(1, -1, 1, 1), torch.tensor(self.std).view(1, -1, 1, 1)
-            self._affine_cache[device] = (1 / (255.0 * std)).to(device), (-mean / std).to(device)
-        return self._affine_cache[device]
