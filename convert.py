@@ -56,6 +56,9 @@ class InMemoryItems:
     def __init__(self, images: np.ndarray, labels: np.ndarray, encoded: bool) -> None:
         self.images, self.labels, self.encoded = images, labels, encoded
 
+    def __len__(self) -> int:
+        return len(self.labels)
+
     def __call__(self, index: int) -> dict[str, Any]:
         image = self.images[index]
         if self.encoded:
@@ -70,6 +73,9 @@ class FileItems:
 
     def __init__(self, samples: list[tuple[str, int]], encoded: bool, size: int) -> None:
         self.samples, self.encoded, self.size = samples, encoded, size
+
+    def __len__(self) -> int:
+        return len(self.samples)
 
     def __call__(self, index: int) -> dict[str, Any]:
         path, label = self.samples[index]
@@ -86,6 +92,9 @@ class FileItems:
 class TextItems:
     def __init__(self, ids: list[list[int]], labels: list[int]) -> None:
         self.ids, self.labels = ids, labels
+
+    def __len__(self) -> int:
+        return len(self.labels)
 
     def __call__(self, index: int) -> dict[str, Any]:
         return {"ids": np.asarray(self.ids[index], dtype=np.int32), "label": self.labels[index]}
@@ -151,7 +160,7 @@ def convert(
     remove_metadata(output, storage_options)  # first: from now until the end, the folder reads as unfinished
     metadata["splits"] = {}
     for split, item in items.items():
-        count = len(item.labels)
+        count = len(item)
         optimize(
             fn=ItemBlock(item), inputs=[range(i, min(i + BLOCK, count)) for i in range(0, count, BLOCK)], output_dir=join(output, split), chunk_bytes=chunk_bytes,
             num_workers=max(1, min(num_workers, count)), mode="overwrite", keep_data_ordered=True, verbose=False, start_method=START_METHOD,

@@ -32,7 +32,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
-from datamodules.sampling import EpochSampler, derive_seed, global_seed
+from datamodules.sampling import derive_seed, global_seed
 
 
 def seed_all(seed: int) -> None:
@@ -115,12 +115,14 @@ class ExactResume(Callback):
             iter(trainer.fit_loop._data_fetcher)
         if not trainer.fit_loop.restarted_mid_epoch:
             return
-        sampler = getattr(trainer.train_dataloader, "sampler", None)
-        if not isinstance(sampler, EpochSampler):
+        loader = trainer.train_dataloader
+        sampler = getattr(loader, "sampler", None)
+        if not (getattr(sampler, "resumes_from_loop", False) or getattr(loader, "resumes_from_loop", False)):
             raise TypeError(
-                "Exact mid-epoch resume needs the training loader's sampler to be a"
-                f" datamodules.sampling.EpochSampler (make_loader uses one); got {type(sampler).__name__}."
-                " Resume from an epoch-end checkpoint instead."
+                "Exact mid-epoch resume needs a training loader that continues from the Trainer's position: a"
+                " datamodules.sampling.EpochSampler (make_loader uses one) or the streaming datamodules' loader;"
+                f" got a {type(loader).__name__} with a {type(sampler).__name__}. Resume from an epoch-end checkpoint"
+                " instead."
             )
         self._check_same_batches(trainer)
         done = trainer.fit_loop.epoch_loop.batch_progress.current.processed

@@ -49,6 +49,16 @@ def seeded_sample(get_item: Callable[[int], T], index: int | tuple[int, int]) ->
         return get_item(sample)
 
 
+def fit_position(trainer: Trainer | None) -> tuple[int, int] | None:
+    """(epoch, batches of it already trained) by the Trainer's fit loop, restored from a checkpoint
+    when resuming; None outside `fit`."""
+    if trainer is None or trainer.state.fn != TrainerFn.FITTING:
+        return None
+    epochs, batches = trainer.fit_loop.epoch_progress.current, trainer.fit_loop.epoch_loop.batch_progress.current
+    in_progress = epochs.started > epochs.processed  # else the batch counts are the finished epoch's
+    return epochs.processed, batches.processed if in_progress else 0
+
+
 class EpochSampler(DistributedSampler):
     """A shuffle whose order is a function of (seed, epoch) alone, resumable in the middle of an epoch.
 
@@ -74,14 +84,11 @@ class EpochSampler(DistributedSampler):
         super().__init__(dataset, num_replicas=world_size, rank=rank, shuffle=True, seed=seed)  # type: ignore[arg-type]
         self.batch_size, self.trainer, self.sample_seeds = batch_size, trainer, sample_seeds
 
+    resumes_from_loop = True  # callbacks.ExactResume: this order can continue in the middle of an epoch
+
     def position(self) -> tuple[int, int]:
         """(epoch, batches of it already trained)."""
-        trainer = self.trainer
-        if trainer is None or trainer.state.fn != TrainerFn.FITTING:
-            return self.epoch, 0
-        epochs, batches = trainer.fit_loop.epoch_progress.current, trainer.fit_loop.epoch_loop.batch_progress.current
-        in_progress = epochs.started > epochs.processed  # else the batch counts are the finished epoch's
-        return epochs.processed, batches.processed if in_progress else 0
+        return fit_position(self.trainer) or (self.epoch, 0)
 
     def epoch_indices(self, epoch: int) -> list[int]:
         self.set_epoch(epoch)

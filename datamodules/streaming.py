@@ -32,7 +32,7 @@ from PIL import Image
 from torch.utils.data import DataLoader, Dataset, default_collate
 
 from datamodules.in_memory import DeviceImageTransforms
-from datamodules.sampling import SplitLoaders, global_seed, make_loader, world
+from datamodules.sampling import SplitLoaders, derive_seed, fit_position, global_seed, make_loader, world
 from datamodules.text import PadCollate
 from serving.preprocess import center_crop, resized_size
 
@@ -186,6 +186,36 @@ class IndexedSplit(Dataset):
         return self.to_sample(self.dataset[index])
 
 
+class LoopPositionedLoader(StreamingDataLoader):
+    """LitData's loader, placed at the Trainer's position each time an epoch starts.
+
+    Epoch e of the run is LitData's epoch e + 1 (its shuffle), and a run resumed in the middle of
+    it skips the batches the restored loop already trained, through LitData's own state
+    (`state_dict` / `load_state_dict`). Why not the loader state Lightning stores in checkpoints:
+    Lightning restores it only when resuming mid-epoch, and LitData counts epochs as whole passes,
+    while a Trainer epoch may end early (`limit_train_batches`): a run resumed from an epoch-end
+    checkpoint then replayed the first epoch's order.
+    """
+
+    resumes_from_loop = True  # callbacks.ExactResume
+
+    def __init__(self, dataset: StreamingDataset, trainer: Any, **kwargs: Any) -> None:
+        super().__init__(dataset, **kwargs)
+        self.trainer = trainer
+
+    def __iter__(self) -> Any:
+        epoch, batches_done = fit_position(self.trainer) or (self.current_epoch, 0)
+        if batches_done:
+            self._num_samples_yielded_streaming = batches_done * self.batch_size
+            state = self.state_dict()
+            state["current_epoch"] = state["dataset"]["current_epoch"] = epoch + 1
+            state["latest_worker_idx"] = (batches_done - 1) % max(self.num_workers, 1)  # workers take turns
+            self.load_state_dict(state)
+        else:
+            self.current_epoch, self.restore = epoch, False  # LitData's __iter__ counts it up by one
+        return super().__iter__()
+
+
 class StreamingDataModule(SplitLoaders, LightningDataModule):
     """Base of the streamed image and text datamodules: metadata, loaders, state."""
 
@@ -231,9 +261,10 @@ class StreamingDataModule(SplitLoaders, LightningDataModule):
 
     def loader(self, split: str, shuffle: bool) -> DataLoader:
         if shuffle:  # LitData's order, sharding and mid-epoch state
-            return StreamingDataLoader(
-                self.streaming_dataset(split, shuffle=True), batch_size=self.batch_size,
+            return LoopPositionedLoader(
+                self.streaming_dataset(split, shuffle=True), self.trainer, batch_size=self.batch_size,
                 num_workers=self.num_workers, pin_memory=self.pin_memory, collate_fn=self.collate,
+                generator=torch.Generator().manual_seed(derive_seed(global_seed(), world(self.trainer)[1])),
             )  # fmt: skip
         dataset = IndexedSplit(self.streaming_dataset("test" if split == "predict" else split, False), self.to_sample)
         return make_loader(
