@@ -33,7 +33,6 @@ import datamodules  # noqa: F401  (registers the datamodules for --data)
 from datamodules import ImageFolderDataModule, InMemoryImageDataModule, TextClassificationDataModule
 from datamodules.streaming import FORMAT_VERSION, METADATA_FILE, SPLITS, decode_image, is_remote, join
 
-
 BLOCK = 512  # samples per LitData work item: one item per sample costs ~1 ms of queueing each
 # fork: the workers inherit the loaded source data instead of importing torch again (seconds each).
 START_METHOD = "fork" if "fork" in multiprocessing.get_all_start_methods() else None
@@ -161,10 +160,11 @@ def convert(
     metadata["splits"] = {}
     for split, item in items.items():
         count = len(item)
+        blocks = [range(start, min(start + BLOCK, count)) for start in range(0, count, BLOCK)]
         optimize(
-            fn=ItemBlock(item), inputs=[range(i, min(i + BLOCK, count)) for i in range(0, count, BLOCK)], output_dir=join(output, split), chunk_bytes=chunk_bytes,
-            num_workers=max(1, min(num_workers, count)), mode="overwrite", keep_data_ordered=True, verbose=False, start_method=START_METHOD,
-            storage_options=storage_options or {},
+            fn=ItemBlock(item), inputs=blocks, output_dir=join(output, split), chunk_bytes=chunk_bytes,
+            num_workers=max(1, min(num_workers, len(blocks))), mode="overwrite", keep_data_ordered=True,
+            verbose=False, start_method=START_METHOD, storage_options=storage_options or {},
         )  # fmt: skip
         metadata["splits"][split] = count
         print(f"{split}: {count} samples -> {join(output, split)}", flush=True)

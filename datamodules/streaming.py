@@ -20,6 +20,7 @@ import json
 import os
 import tempfile
 import threading
+import warnings
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
@@ -36,6 +37,8 @@ from datamodules.sampling import SplitLoaders, derive_seed, fit_position, global
 from datamodules.text import PadCollate
 from serving.preprocess import center_crop, resized_size
 
+# LitData shards its IterableDataset across workers and ranks itself, so its length is right.
+warnings.filterwarnings("ignore", message="Your `IterableDataset` has `__len__` defined", category=UserWarning)
 METADATA_FILE = "dataset.json"
 FORMAT_VERSION = 1
 SPLITS = ("train", "val", "test")
@@ -74,9 +77,12 @@ def fetch_remote_file(url: str, storage_options: dict[str, Any] | None) -> bytes
         thread.join(REMOTE_TIMEOUT_S)
     if "data" in result:
         return result["data"]
-    reason = result.get("error") or f"no answer within {REMOTE_TIMEOUT_S:.0f} s"
+    error = result.get("error")
+    reason = (
+        f"{type(error).__name__}: {str(error).splitlines()[0]}" if error else f"no answer in {REMOTE_TIMEOUT_S:.0f} s"
+    )
     raise StreamingDataError(
-        f"{url}: cannot be read ({type(reason).__name__ if isinstance(reason, Exception) else ''}: {reason})."
+        f"{url}: cannot be read ({reason})."
         " Check the URL, the network, and the credentials (for s3://: AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY or"
         " AWS_PROFILE, AWS_ENDPOINT_URL for other S3 services; or --data.storage_options)."
     )
