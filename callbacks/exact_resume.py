@@ -29,6 +29,7 @@ import numpy as np
 import torch
 from lightning import Callback, LightningModule, Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.plugins.environments import SLURMEnvironment
 from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
@@ -86,6 +87,7 @@ class ExactResume(Callback):
         self._saved: dict[str, Any] | None = None
         self._previous_handlers: dict[int, Any] = {}
         self._stop_requested = False
+        self._requeue_signal: int | None = None  # SLURM's requeue signal, once received
 
     # -- checkpoint state: what the epoch consumed, to refuse a resume that cannot skip it exactly --
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
@@ -105,7 +107,7 @@ class ExactResume(Callback):
         self._saved = state_dict
 
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        self._install_signal_handlers()
+        self._install_signal_handlers(trainer)
         if self._saved is None:
             return
         if getattr(trainer.train_dataloader, "num_workers", 0) > 0 and trainer.fit_loop._data_fetcher is not None:
@@ -164,14 +166,20 @@ class ExactResume(Callback):
         self._stop_if_requested(trainer)
 
     # -- graceful stop -----------------------------------------------------------------------
-    def _install_signal_handlers(self) -> None:
-        # Replaces Lightning's SIGTERM handler for the run: a stop is decided at a step boundary.
+    def _install_signal_handlers(self, trainer: Trainer) -> None:
+        # Replaces Lightning's SIGTERM handler for the run: a stop is decided at a step boundary. On
+        # SLURM with auto-requeue, also its requeue signal (SIGUSR1): Lightning's handler would save the
+        # checkpoint wherever the signal lands, inside a step and at a different step on each rank.
         if threading.current_thread() is not threading.main_thread():
             return
         self._previous_handlers = {
             signal.SIGTERM: signal.signal(signal.SIGTERM, self._request_stop),
             signal.SIGINT: signal.signal(signal.SIGINT, self._graceful_sigint),
         }
+        environment = trainer._accelerator_connector.cluster_environment
+        if isinstance(environment, SLURMEnvironment) and environment.auto_requeue and environment.requeue_signal:
+            requeue = environment.requeue_signal
+            self._previous_handlers[requeue] = signal.signal(requeue, self._request_requeue)
 
     def _restore_signal_handlers(self) -> None:
         for signum, handler in self._previous_handlers.items():
@@ -186,12 +194,21 @@ class ExactResume(Callback):
     def _request_stop(self, signum: int, frame: Any) -> None:
         self._stop_requested = True  # no collective call inside a signal handler: decided at the boundary
 
+    def _request_requeue(self, signum: int, frame: Any) -> None:
+        self._requeue_signal = signum
+
     def _stop_if_requested(self, trainer: Trainer) -> None:
-        requested = self._stop_requested
+        requested, requeue = self._stop_requested, self._requeue_signal is not None
         if trainer.world_size > 1:  # every rank stops at the same step if any rank was asked to
             requested = trainer.strategy.reduce_boolean_decision(requested, all=False)
-        if requested:
-            rank_zero_info(f"Stopping after optimizer step {trainer.global_step} (SIGTERM or Ctrl-C).")
+            requeue = trainer.strategy.reduce_boolean_decision(requeue, all=False)
+        if requeue:
+            # Lightning's own requeue, at this step boundary on every rank: hpc_ckpt_<n>.ckpt in
+            # default_root_dir (the requeued job resumes from it), then `scontrol requeue` from rank 0.
+            rank_zero_info(f"SLURM requeue signal: saving and requeueing after optimizer step {trainer.global_step}.")
+            trainer._signal_connector._slurm_sigusr_handler_fn(self._requeue_signal or signal.SIGUSR1, None)
+        if requested or requeue:
+            rank_zero_info(f"Stopping after optimizer step {trainer.global_step} (SIGTERM, Ctrl-C or requeue).")
             trainer._signal_connector.received_sigterm = True  # Lightning raises SIGTERMException next
 
     def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:

@@ -182,11 +182,12 @@ def text_sample(sample: dict[str, Any]) -> tuple[list[int], int]:
 class IndexedSplit(Dataset):
     """A converted split read by index (for evaluation with the template's samplers)."""
 
-    def __init__(self, dataset: StreamingDataset, to_sample: Any) -> None:
-        self.dataset, self.to_sample = dataset, to_sample
+    def __init__(self, dataset: StreamingDataset, size: int, to_sample: Any) -> None:
+        # `size` from dataset.json: under DDP, len(StreamingDataset) is the rank's shard, not the split.
+        self.dataset, self.size, self.to_sample = dataset, size, to_sample
 
     def __len__(self) -> int:
-        return len(self.dataset)
+        return self.size
 
     def __getitem__(self, index: int) -> Any:
         return self.to_sample(self.dataset[index])
@@ -272,7 +273,8 @@ class StreamingDataModule(SplitLoaders, LightningDataModule):
                 num_workers=self.num_workers, pin_memory=self.pin_memory, collate_fn=self.collate,
                 generator=torch.Generator().manual_seed(derive_seed(global_seed(), world(self.trainer)[1])),
             )  # fmt: skip
-        dataset = IndexedSplit(self.streaming_dataset("test" if split == "predict" else split, False), self.to_sample)
+        split = "test" if split == "predict" else split
+        dataset = IndexedSplit(self.streaming_dataset(split, False), self.metadata["splits"][split], self.to_sample)
         return make_loader(
             dataset, self.trainer, False, self.batch_size, self.collate, self.num_workers, self.pin_memory
         )

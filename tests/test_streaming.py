@@ -101,6 +101,7 @@ def test_fit_and_predict_from_chunks_through_the_cli(tmp_path: Path, fashion_str
     assert [row["input"] for row in rows] == [f"test[{i}]" for i in range(test_samples)]
 
 
+@pytest.mark.slow
 def test_an_interrupted_conversion_is_refused_and_a_rerun_completes_it(tmp_path: Path, fashion_mnist_dir) -> None:
     output = tmp_path / "out"
     command = [sys.executable, str(ROOT / "convert.py"), "--job", str(ROOT / "configs/simple_cnn.yaml"),
