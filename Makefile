@@ -8,7 +8,7 @@ ARGS ?=
 export MALLOC_MMAP_THRESHOLD_ ?= 33554432
 export MALLOC_TRIM_THRESHOLD_ ?= 1073741824
 
-.PHONY: install data train test matrix bench bench-serve serve lint format clean transfer text-data tune seeds
+.PHONY: install data train test matrix bench bench-scale bench-serve serve lint format clean transfer text-data tune seeds
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -44,6 +44,11 @@ matrix: install
 
 bench: data
 	$(BIN)/python -m benchmarks.run
+
+# How memory and epoch time grow with the data (in memory, files, streaming), the 224 px image
+# pipeline against torchvision's, and DDP on 1 vs 2 processes (about 10 minutes on 2 CPU cores).
+bench-scale: data
+	$(BIN)/python -m benchmarks.scaling
 
 # Requests/s and latency of serve.py (torch and ONNX) at 1, 8, 32 clients, next to train.py predict.
 bench-serve: data text-data

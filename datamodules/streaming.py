@@ -229,6 +229,7 @@ class StreamingDataModule(SplitLoaders, LightningDataModule):
     kind: str
     collate: Any
     to_sample: Any  # stored sample -> (input, label), picklable (it runs in the loader's workers)
+    batch_decode: int | str = "auto"  # LitData's: items deserialized together
 
     def __init__(
         self,
@@ -263,7 +264,7 @@ class StreamingDataModule(SplitLoaders, LightningDataModule):
             join(self.input_dir, split), cache_dir=self.cache_dir and join(self.cache_dir, split),
             shuffle=shuffle, seed=global_seed(), drop_last=shuffle and world(self.trainer)[0] > 1,
             max_cache_size=self.max_cache_size, storage_options=self.storage_options or {},
-            transform=self.to_sample if shuffle else None,
+            transform=self.to_sample if shuffle else None, batch_decode=self.batch_decode,
         )  # fmt: skip
 
     def loader(self, split: str, shuffle: bool) -> DataLoader:
@@ -291,6 +292,9 @@ class StreamingDataModule(SplitLoaders, LightningDataModule):
 class StreamingImageDataModule(DeviceImageTransforms, StreamingDataModule):
     kind = "image"
     collate = staticmethod(default_collate)
+    # One item at a time: LitData's default decodes windows of neighbours, which a shuffled read of
+    # large image arrays mostly throws away (measured: 440 -> see benchmarks/scaling.py).
+    batch_decode = 0
 
     def __init__(
         self,

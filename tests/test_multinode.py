@@ -47,7 +47,11 @@ def launch(commands: list[list[str]], envs: list[dict[str, str]], cwd: Path) -> 
         subprocess.Popen(command, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         for command, env in zip(commands, envs, strict=True)
     ]
-    outputs = [process.communicate(timeout=300)[0] for process in processes]
+    try:
+        outputs = [process.communicate(timeout=300)[0] for process in processes]
+    finally:  # a hung rank (a collective waiting for its peer) must not outlive the test
+        for process in processes:
+            process.kill()
     return [subprocess.CompletedProcess(p.args, p.returncode, out) for p, out in zip(processes, outputs, strict=True)]
 
 
