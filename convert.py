@@ -26,12 +26,19 @@ import numpy as np
 import yaml
 from jsonargparse import ArgumentParser
 from lightning import LightningDataModule
-from litdata import optimize
 from PIL import Image
 
 import datamodules  # noqa: F401  (registers the datamodules for --data)
 from datamodules import ImageFolderDataModule, InMemoryImageDataModule, TextClassificationDataModule
-from datamodules.streaming import FORMAT_VERSION, METADATA_FILE, SPLITS, decode_image, is_remote, join
+from datamodules.streaming import (
+    FORMAT_VERSION,
+    METADATA_FILE,
+    SPLITS,
+    decode_image,
+    is_remote,
+    join,
+    require_litdata,
+)
 
 BLOCK = 512  # samples per LitData work item: one item per sample costs ~1 ms of queueing each
 # fork: the workers inherit the loaded source data instead of importing torch again (seconds each).
@@ -155,6 +162,9 @@ def convert(
     storage_options: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Write every split of `datamodule` under `output`; returns dataset.json's content."""
+    require_litdata()
+    from litdata import optimize
+
     items, metadata = splits_and_metadata(datamodule, images, size)
     remove_metadata(output, storage_options)  # first: from now until the end, the folder reads as unfinished
     metadata["splits"] = {}

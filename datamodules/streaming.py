@@ -28,12 +28,11 @@ from urllib.parse import urlparse
 import numpy as np
 import torch
 from lightning import LightningDataModule
-from litdata import StreamingDataLoader, StreamingDataset
 from PIL import Image
 from torch.utils.data import DataLoader, Dataset, default_collate
 
 from datamodules.in_memory import DeviceImageTransforms
-from datamodules.sampling import SplitLoaders, derive_seed, fit_position, global_seed, make_loader, world
+from datamodules.sampling import SplitLoaders, derive_seed, global_seed, make_loader, world
 from datamodules.text import PadCollate
 from serving.preprocess import center_crop, resized_size
 
@@ -47,6 +46,16 @@ REMOTE_TIMEOUT_S = 30.0
 
 class StreamingDataError(ValueError):
     """A converted dataset that is missing, unfinished or damaged."""
+
+
+def require_litdata() -> None:
+    """LitData is an optional extra: say how to install it rather than fail on an import."""
+    try:
+        import litdata  # noqa: F401
+    except ImportError as err:
+        raise ModuleNotFoundError(
+            "Streaming datasets need LitData: pip install -e '.[stream]' (make test installs it)."
+        ) from err
 
 
 def is_remote(location: str) -> bool:
@@ -182,7 +191,7 @@ def text_sample(sample: dict[str, Any]) -> tuple[list[int], int]:
 class IndexedSplit(Dataset):
     """A converted split read by index (for evaluation with the template's samplers)."""
 
-    def __init__(self, dataset: StreamingDataset, size: int, to_sample: Any) -> None:
+    def __init__(self, dataset: Any, size: int, to_sample: Any) -> None:
         # `size` from dataset.json: under DDP, len(StreamingDataset) is the rank's shard, not the split.
         self.dataset, self.size, self.to_sample = dataset, size, to_sample
 
@@ -191,36 +200,6 @@ class IndexedSplit(Dataset):
 
     def __getitem__(self, index: int) -> Any:
         return self.to_sample(self.dataset[index])
-
-
-class LoopPositionedLoader(StreamingDataLoader):
-    """LitData's loader, placed at the Trainer's position each time an epoch starts.
-
-    Epoch e of the run is LitData's epoch e + 1 (its shuffle), and a run resumed in the middle of
-    it skips the batches the restored loop already trained, through LitData's own state
-    (`state_dict` / `load_state_dict`). Why not the loader state Lightning stores in checkpoints:
-    Lightning restores it only when resuming mid-epoch, and LitData counts epochs as whole passes,
-    while a Trainer epoch may end early (`limit_train_batches`): a run resumed from an epoch-end
-    checkpoint then replayed the first epoch's order.
-    """
-
-    resumes_from_loop = True  # callbacks.ExactResume
-
-    def __init__(self, dataset: StreamingDataset, trainer: Any, **kwargs: Any) -> None:
-        super().__init__(dataset, **kwargs)
-        self.trainer = trainer
-
-    def __iter__(self) -> Any:
-        epoch, batches_done = fit_position(self.trainer) or (self.current_epoch, 0)
-        if batches_done:
-            self._num_samples_yielded_streaming = batches_done * self.batch_size
-            state = self.state_dict()
-            state["current_epoch"] = state["dataset"]["current_epoch"] = epoch + 1
-            state["latest_worker_idx"] = (batches_done - 1) % max(self.num_workers, 1)  # workers take turns
-            self.load_state_dict(state)
-        else:
-            self.current_epoch, self.restore = epoch, False  # LitData's __iter__ counts it up by one
-        return super().__iter__()
 
 
 class StreamingDataModule(SplitLoaders, LightningDataModule):
@@ -242,6 +221,7 @@ class StreamingDataModule(SplitLoaders, LightningDataModule):
         storage_options: dict[str, Any] | None,
     ) -> None:
         super().__init__()
+        require_litdata()
         self.input_dir, self.batch_size, self.num_workers = input_dir, batch_size, num_workers
         self.pin_memory = torch.cuda.is_available() if pin_memory is None else pin_memory
         self.cache_dir, self.max_cache_size, self.storage_options = cache_dir, max_cache_size, storage_options
@@ -257,7 +237,9 @@ class StreamingDataModule(SplitLoaders, LightningDataModule):
     def num_classes(self) -> int:
         return len(self.class_names)
 
-    def streaming_dataset(self, split: str, shuffle: bool) -> StreamingDataset:
+    def streaming_dataset(self, split: str, shuffle: bool) -> Any:
+        from litdata import StreamingDataset
+
         if split not in self.metadata["splits"]:
             raise StreamingDataError(f"{self.input_dir} has no {split} split; convert a dataset that has one.")
         return StreamingDataset(
@@ -269,6 +251,8 @@ class StreamingDataModule(SplitLoaders, LightningDataModule):
 
     def loader(self, split: str, shuffle: bool) -> DataLoader:
         if shuffle:  # LitData's order, sharding and mid-epoch state
+            from datamodules.streaming_loader import LoopPositionedLoader
+
             return LoopPositionedLoader(
                 self.streaming_dataset(split, shuffle=True), self.trainer, batch_size=self.batch_size,
                 num_workers=self.num_workers, pin_memory=self.pin_memory, collate_fn=self.collate,

@@ -15,11 +15,14 @@ import torchvision
 from lightning import seed_everything
 
 import datamodules
+from convert import convert
 from datamodules import (
     CIFAR10DataModule,
     FashionMNISTDataModule,
     ImageFolderDataModule,
     MNISTDataModule,
+    StreamingImageDataModule,
+    StreamingTextDataModule,
     TextClassificationDataModule,
 )
 from datamodules.contract import ClassificationData, ImageData, TextData
@@ -190,14 +193,19 @@ def test_worker_augmentation_follows_the_seed_not_the_workers(image_tree: Path) 
     assert not torch.equal(first_batches(6, workers=2)[0], with_workers[0])
 
 
-def test_every_datamodule_meets_the_contract(image_tree: Path, fortunes_dir: Path) -> None:
+def test_every_datamodule_meets_the_contract(image_tree: Path, fortunes_dir: Path, tmp_path: Path) -> None:
     """What train.py links into the model and the predictions CSV reads, available right after __init__."""
+    text = TextClassificationDataModule(train_file=str(fortunes_dir / "train.jsonl"))
+    convert(text, str(tmp_path / "text"), num_workers=1)
+    convert(ImageFolderDataModule(root=str(image_tree), num_workers=0), str(tmp_path / "images"), num_workers=1)
     built = {
         "FashionMNISTDataModule": FashionMNISTDataModule(),
         "MNISTDataModule": MNISTDataModule(),
         "CIFAR10DataModule": CIFAR10DataModule(),
         "ImageFolderDataModule": ImageFolderDataModule(root=str(image_tree)),
-        "TextClassificationDataModule": TextClassificationDataModule(train_file=str(fortunes_dir / "train.jsonl")),
+        "TextClassificationDataModule": text,
+        "StreamingImageDataModule": StreamingImageDataModule(input_dir=str(tmp_path / "images")),
+        "StreamingTextDataModule": StreamingTextDataModule(input_dir=str(tmp_path / "text")),
     }
     assert set(datamodules.__all__) - {"InMemoryImageDataModule"} == set(built)  # the abstract base aside
     for name, datamodule in built.items():
