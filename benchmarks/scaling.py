@@ -116,8 +116,10 @@ def memory_cell(kind: str, work: Path, base: int, scale: int) -> dict[str, Any]:
     peak = resident_mb("VmHWM")
     # At the epoch's end: anonymous memory (the process's own) and file pages mapped into it (chunks
     # read through mmap: page cache the kernel can drop, counted in RSS while mapped).
-    return {"kind": kind, "scale": scale, "images": count, "epoch_s": seconds, "peak_rss_mb": peak,
-            "growth_mb": peak - before, "anon_mb": resident_mb("RssAnon"), "file_mb": resident_mb("RssFile")}  # fmt: skip
+    return {
+        "kind": kind, "scale": scale, "images": count, "epoch_s": seconds, "peak_rss_mb": peak,
+        "growth_mb": peak - before, "anon_mb": resident_mb("RssAnon"), "file_mb": resident_mb("RssFile"),
+    }  # fmt: skip
 
 
 def resident_mb(field: str) -> float:
