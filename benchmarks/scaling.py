@@ -24,6 +24,7 @@ import argparse
 import json
 import os
 import re
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -169,7 +170,7 @@ def throughput(batches: Any, finish: Any) -> float:
     return count / seconds
 
 
-def pipeline_table(work: Path, count: int, workers: int, batch_size: int) -> list[dict[str, Any]]:
+def pipeline_table(work: Path, count: int, workers: int, batch_size: int, repeats: int) -> list[dict[str, Any]]:
     root = jpeg_folder(work, count)
     mean, std = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
     reference = torchvision.datasets.ImageFolder(
@@ -193,11 +194,17 @@ def pipeline_table(work: Path, count: int, workers: int, batch_size: int) -> lis
         streamed.trainer = None  # not training: evaluation crop; the random crop costs the same
         name = f"streaming, {'JPEG bytes' if images == 'encoded' else 'pre-resized uint8 (256 px)'} chunks"
         rows.append((name, streamed.train_dataloader, lambda b, dm=streamed: dm.on_after_batch_transfer(b, 0)))
+    rates: dict[str, dict[str, list[float]]] = {name: {"model": [], "loader": []} for name, _, _ in rows}
+    for _ in range(repeats):  # interleaved: a slow spell of the machine hits every pipeline alike
+        for name, batches, finish in rows:
+            rates[name]["model"].append(throughput(batches, finish))
+            rates[name]["loader"].append(throughput(batches, lambda batch: batch))
     results = []
-    for name, batches, finish in rows:
+    for name, _, _ in rows:
+        model, loader = sorted(rates[name]["model"]), sorted(rates[name]["loader"])
         results.append({
-            "pipeline": name, "images_per_s": throughput(batches, finish),
-            "loader_only_images_per_s": throughput(batches, lambda batch: batch),
+            "pipeline": name, "images_per_s": statistics.median(model), "range": [model[0], model[-1]],
+            "loader_only_images_per_s": statistics.median(loader), "loader_range": [loader[0], loader[-1]],
         })  # fmt: skip
         print(results[-1], flush=True)
     for row in results:
@@ -243,12 +250,13 @@ def markdown(results: dict[str, Any]) -> str:
         lines.append(f"| {r['kind']} {r['scale']}x | {r['images']:,} | {r['epoch_s']:.2f} | {memory} |")
     lines += [
         "",
-        "| pipeline (224 px JPEG) | images/s to the model | vs reference | loader alone |",
+        "| pipeline (224 px JPEG) | images/s to the model, median (range) | vs reference | loader alone |",
         "|---|---|---|---|",
     ]
     for r in results["pipeline"]:
-        rates = f"{r['images_per_s']:,.0f} | {r['vs_reference']:.2f}x | {r['loader_only_images_per_s']:,.0f}"
-        lines.append(f"| {r['pipeline']} | {rates} |")
+        model = f"{r['images_per_s']:,.0f} ({r['range'][0]:,.0f}-{r['range'][1]:,.0f})"
+        loader = f"{r['loader_only_images_per_s']:,.0f} ({r['loader_range'][0]:,.0f}-{r['loader_range'][1]:,.0f})"
+        lines.append(f"| {r['pipeline']} | {model} | {r['vs_reference']:.2f}x | {loader} |")
     lines += ["", "| DDP on this machine | epoch s | images/s |", "|---|---|---|"]
     lines += [f"| {r['setup']} | {r['epoch_s']:.2f} | {r['images_per_s']:,.0f} |" for r in results["ddp"]]
     return "\n".join(lines)
@@ -265,16 +273,20 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=2, help="Loader workers of the pipeline benchmark.")
     parser.add_argument("--batch_size", type=int, default=64)
     parser.add_argument("--ddp_batches", type=int, default=60, help="Batches of 128 per DDP epoch.")
+    parser.add_argument("--repeats", type=int, default=5, help="Interleaved passes per pipeline (median).")
+    parser.add_argument("--parts", nargs="+", default=["memory", "pipeline", "ddp"], help="Which tables to measure.")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks/results/scaling.json")
     args = parser.parse_args()
+    results: dict[str, Any] = json.loads(args.out.read_text()) if args.out.is_file() else {}
+    results["machine"] = {"cpus": os.cpu_count(), "torch": torch.__version__, "cuda": torch.cuda.is_available()}
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
-        results = {
-            "machine": {"cpus": os.cpu_count(), "torch": torch.__version__, "cuda": torch.cuda.is_available()},
-            "memory": memory_table(work, args.base),
-            "pipeline": pipeline_table(work, args.jpegs, args.workers, args.batch_size),
-            "ddp": ddp_table(work, args.ddp_batches),
-        }
+        if "memory" in args.parts:
+            results["memory"] = memory_table(work, args.base)
+        if "pipeline" in args.parts:
+            results["pipeline"] = pipeline_table(work, args.jpegs, args.workers, args.batch_size, args.repeats)
+        if "ddp" in args.parts:
+            results["ddp"] = ddp_table(work, args.ddp_batches)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(results, indent=1))
     print(markdown(results))

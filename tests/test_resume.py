@@ -1,14 +1,15 @@
 """Exact resume: an interrupted run, resumed from its checkpoint, ends bit-identical to one never stopped.
 
 The fault-injection matrix (tests/matrix.py) crosses data (in memory without workers, image
-files with 2 workers), gradient accumulation (1, 2), the interruption (epoch end, step
+files with 2 workers, LitData chunks with 2 workers), gradient accumulation (1, 2), the interruption (epoch end, step
 checkpoint, mid-epoch validation checkpoint, SIGTERM mid-epoch, SIGKILL) and the model
 (plain, two-stage fine-tuning stopped in stage 1 or in stage 2). `make test` runs 15 cells
-that cover every pair of factor values; `pytest -m matrix` runs all 60 and prints the table.
+that cover every pair of factor values; `pytest -m matrix` runs all 90 and prints the table.
 """
 
 from __future__ import annotations
 
+import itertools
 import signal
 from pathlib import Path
 from typing import Any
@@ -196,3 +197,11 @@ def test_same_seed_same_run_and_another_seed_another(tmp_path: Path, fashion_mni
         runs.append((trainer.callback_metrics["val_loss"].item(), trainer.lightning_module.state_dict()))
     assert runs[0][0] == runs[1][0] and same_state(runs[0][1], runs[1][1])
     assert runs[0][0] != runs[2][0]  # the seed matters, so the check above is real
+
+
+def test_the_pairwise_cells_cover_every_pair_of_factor_values() -> None:
+    cells, every = matrix.pairwise_cells(), matrix.all_cells()
+    factors = ("data", "accumulate", "trigger", "stage")
+    for first, second in itertools.combinations(factors, 2):
+        pairs = {(getattr(c, first), getattr(c, second)) for c in cells}
+        assert pairs == {(getattr(c, first), getattr(c, second)) for c in every}, (first, second)
