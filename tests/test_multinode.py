@@ -178,7 +178,7 @@ def test_the_sbatch_script_gives_the_configuration_the_tests_run(tmp_path: Path)
     assert done.returncode == 0, done.stderr[-3000:]
     config = yaml.safe_load(done.stdout)
     trainer = config["trainer"]
-    assert (trainer["strategy"], trainer["num_nodes"], trainer["devices"]) == ("ddp", 2, 4)
+    assert (trainer["strategy"], int(trainer["num_nodes"]), int(trainer["devices"])) == ("ddp", 2, 4)
     assert trainer["default_root_dir"] == f"checkpoints/slurm-{JOB_ID}"
     assert trainer["logger"]["init_args"]["version"] == f"slurm-{JOB_ID}"
     assert config["data"]["init_args"]["batch_size"] == 32  # the script passes its arguments on
