@@ -162,6 +162,7 @@ def test_slurm_job_requeued_on_sigusr1_resumes_exactly(torchrun_job, stream: Pat
     assert max_difference(final_state(run_dir / "checkpoints/last.ckpt"), expected) == 0.0
 
 
+@pytest.mark.slow
 def test_the_sbatch_script_gives_the_configuration_the_tests_run(tmp_path: Path) -> None:
     """configs/slurm/ddp.sbatch as SLURM runs it (sbatch's variables set, `srun` replaced by a stub that
     prints the configuration its command parses to, instead of training)."""
