@@ -239,9 +239,11 @@ def parser() -> ArgumentParser:
 
 def main(argv: list[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if "--job" in argv:
-        job = argv[argv.index("--job") + 1]
-        argv = job_data(job) + argv
+    for position, arg in enumerate(argv):
+        if arg == "--job" or arg.startswith("--job="):
+            job = arg.partition("=")[2] or (argv[position + 1] if position + 1 < len(argv) else "")
+            argv = job_data(job) + argv
+            break
     arg_parser = parser()
     config = arg_parser.instantiate_classes(arg_parser.parse_args(argv))
     if not is_remote(config.output) and Path(config.output).is_file():

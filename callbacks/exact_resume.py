@@ -88,6 +88,7 @@ class ExactResume(Callback):
         self._previous_handlers: dict[int, Any] = {}
         self._stop_requested = False
         self._requeue_signal: int | None = None  # SLURM's requeue signal, once received
+        self._requeue_installed = False
 
     # -- checkpoint state: what the epoch consumed, to refuse a resume that cannot skip it exactly --
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
@@ -97,11 +98,14 @@ class ExactResume(Callback):
         trainer = self._trainer
         if trainer is None or trainer.train_dataloader is None:
             return {}
-        return {
+        state = {
             "batch_size": trainer.train_dataloader.batch_size,
             "world_size": trainer.world_size,
             "batches_done": trainer.fit_loop.epoch_loop.batch_progress.current.processed,
         }
+        if getattr(trainer.train_dataloader, "resumes_from_loop", False):  # streamed: workers own chunk shares
+            state["num_workers"] = trainer.train_dataloader.num_workers
+        return state
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self._saved = state_dict
@@ -134,14 +138,16 @@ class ExactResume(Callback):
     def _check_same_batches(self, trainer: Trainer) -> None:
         """Mid-epoch, the batches already trained are skipped: that needs the same batches."""
         saved = self._saved or {}
-        now = {"batch_size": trainer.train_dataloader.batch_size, "world_size": trainer.world_size}
+        loader = trainer.train_dataloader
+        now = {"batch_size": loader.batch_size, "world_size": trainer.world_size, "num_workers": loader.num_workers}
         changed = {k: (saved[k], v) for k, v in now.items() if k in saved and saved[k] != v}
         if changed:
             what = ", ".join(f"{k} {old} -> {new}" for k, (old, new) in changed.items())
             raise ValueError(
                 f"The checkpoint was written in the middle of an epoch with other batches ({what}): the samples"
-                " already trained cannot be skipped exactly. Resume with the original --data.batch_size and"
-                " --trainer.devices/num_nodes, or from a checkpoint written at the end of an epoch."
+                " already trained cannot be skipped exactly. Resume with the original --data.batch_size,"
+                " --trainer.devices/num_nodes (and --data.num_workers for streamed data), or from a checkpoint"
+                " written at the end of an epoch."
             )
 
     # -- one random stream per (seed, epoch, batch, rank) ---------------------------------------
@@ -180,6 +186,7 @@ class ExactResume(Callback):
         if isinstance(environment, SLURMEnvironment) and environment.auto_requeue and environment.requeue_signal:
             requeue = environment.requeue_signal
             self._previous_handlers[requeue] = signal.signal(requeue, self._request_requeue)
+            self._requeue_installed = True
 
     def _restore_signal_handlers(self) -> None:
         for signum, handler in self._previous_handlers.items():
@@ -201,7 +208,8 @@ class ExactResume(Callback):
         requested, requeue = self._stop_requested, self._requeue_signal is not None
         if trainer.world_size > 1:  # every rank stops at the same step if any rank was asked to
             requested = trainer.strategy.reduce_boolean_decision(requested, all=False)
-            requeue = trainer.strategy.reduce_boolean_decision(requeue, all=False)
+            if self._requeue_installed:  # a second collective only where SLURM can ask for a requeue
+                requeue = trainer.strategy.reduce_boolean_decision(requeue, all=False)
         if requeue:
             # Lightning's own requeue, at this step boundary on every rank: hpc_ckpt_<n>.ckpt in
             # default_root_dir (the requeued job resumes from it), then `scontrol requeue` from rank 0.

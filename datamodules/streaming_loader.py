@@ -27,6 +27,8 @@ class LoopPositionedLoader(StreamingDataLoader):
         self.trainer = trainer
 
     def __iter__(self) -> Any:
+        # A generator: the position is read when the first batch is asked for, not when Lightning creates
+        # the iterator (it does so before restoring the loop from a checkpoint, to count the steps).
         epoch, batches_done = fit_position(self.trainer) or (self.current_epoch, 0)
         if batches_done:
             self._num_samples_yielded_streaming = batches_done * self.batch_size
@@ -36,4 +38,4 @@ class LoopPositionedLoader(StreamingDataLoader):
             self.load_state_dict(state)
         else:
             self.current_epoch, self.restore = epoch, False  # LitData's __iter__ counts it up by one
-        return super().__iter__()
+        yield from super().__iter__()

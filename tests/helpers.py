@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import json
 import os
 from pathlib import Path
 
@@ -65,3 +67,18 @@ def scalar_steps(event_files: list[Path], tag: str) -> list[int]:
         if tag in accumulator.Tags()["scalars"]:
             steps += [event.step for event in accumulator.Scalars(tag)]
     return steps
+
+
+class RecordTrainingSamples(Callback):
+    """Writes a fingerprint of every training image this rank trained on, by epoch, to `folder`/rank<r>.json."""
+
+    def __init__(self, folder: str) -> None:
+        self.folder, self.seen = Path(folder), {}
+
+    def on_train_batch_start(self, trainer: Trainer, pl_module, batch, batch_idx: int) -> None:
+        fingerprints = [hashlib.blake2b(image.cpu().numpy().tobytes(), digest_size=8).hexdigest() for image in batch[0]]
+        self.seen.setdefault(str(trainer.current_epoch), []).extend(fingerprints)
+
+    def on_train_end(self, trainer: Trainer, pl_module) -> None:
+        self.folder.mkdir(parents=True, exist_ok=True)
+        (self.folder / f"rank{trainer.global_rank}.json").write_text(json.dumps(self.seen))

@@ -98,12 +98,15 @@ def streamed(image_root: Path) -> Path:
 def fit(cell: Cell, directory: Path, image_root: Path, *extra: Callback, ckpt_path: str | None = None) -> Trainer:
     """One run of the cell's setup; `extra` callbacks interrupt it."""
     directory.mkdir(parents=True, exist_ok=True)
-    stream_root = streamed(image_root) if cell.data == "stream-w2" else None  # before seeding: LitData reseeds
+    stream_root = streamed(image_root) if cell.data.startswith("stream") else None  # before seeding: LitData reseeds
     seed_everything(3)
     if cell.data == "memory-w0":
         datamodule: Any = FashionMNISTDataModule(batch_size=16, augment=True, num_workers=0)
-    elif cell.data == "stream-w2":
-        datamodule = StreamingImageDataModule(input_dir=str(stream_root), batch_size=16, augment=True)
+    elif cell.data.startswith("stream-w"):  # stream-w2 in the matrix; other worker counts in single tests
+        workers = int(cell.data.removeprefix("stream-w"))
+        datamodule = StreamingImageDataModule(
+            input_dir=str(stream_root), batch_size=16, augment=True, num_workers=workers
+        )
     else:
         datamodule = ImageFolderDataModule(
             root=str(image_root), image_size=28, batch_size=16, min_crop_scale=0.5, num_workers=2

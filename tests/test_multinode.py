@@ -8,6 +8,7 @@ sample evaluated once, and the same weights whichever launcher started the proce
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import socket
@@ -29,7 +30,7 @@ from tests.helpers import max_difference
 SUBSET = {"classes": [0, 1, 7], "train_samples_per_class": 64, "val_size": 1001}
 TRAIN = [
     "--config", str(ROOT / "configs/simple_cnn.yaml"), "--data", "datamodules.StreamingImageDataModule",
-    "--data.batch_size=16", "--data.num_workers=1", "--model.dropout=0.25", "--data.augment=true",
+    "--data.batch_size=16", "--data.num_workers=1", "--model.dropout=0.25",
     "--trainer.max_epochs=2", "--trainer.limit_train_batches=5", "--trainer.enable_progress_bar=false",
     "--trainer.deterministic=true", "--trainer.strategy=ddp", "--trainer.accelerator=cpu", "--test_after_fit=false",
 ]  # fmt: skip
@@ -76,7 +77,8 @@ def torchrun_job(tmp_path_factory: pytest.TempPathFactory, stream: Path) -> tupl
     commands = [
         [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", "--nproc_per_node=1", f"--node_rank={rank}",
          f"--rdzv-endpoint={endpoint}", str(ROOT / "train.py"), "fit", *TRAIN, f"--data.input_dir={stream}",
-         "--trainer.num_nodes=2", "--trainer.devices=1"]
+         "--trainer.num_nodes=2", "--trainer.devices=1", "--trainer.callbacks+=tests.helpers.RecordTrainingSamples",
+         f"--trainer.callbacks.folder={workdir / 'samples'}"]
         for rank in (0, 1)
     ]  # fmt: skip
     results = launch(commands, [base_env(), base_env()], workdir)
@@ -98,6 +100,12 @@ def test_torchrun_two_nodes_train_on_shards_and_write_one_run(torchrun_job, stre
     checkpoints = workdir / "logs/simple_cnn/version_0/checkpoints"
     checkpoint = torch.load(checkpoints / "last.ckpt", map_location="cpu", weights_only=False)
     assert checkpoint["global_step"] == 10  # 5 steps x 2 epochs, each step one batch per node
+    # LitData's shards: in each epoch the two nodes train on different images, 5 batches of 16 each.
+    seen = [json.loads((workdir / "samples" / f"rank{rank}.json").read_text()) for rank in (0, 1)]
+    for epoch in ("0", "1"):
+        assert len(set(seen[0][epoch])) == len(set(seen[1][epoch])) == 80
+        assert not set(seen[0][epoch]) & set(seen[1][epoch])
+    assert seen[0]["0"] != seen[0]["1"]  # reshuffled each epoch
     # Every validation image once: one process evaluating the same weights gets the same metrics.
     val_samples = StreamingImageDataModule(input_dir=str(stream)).metadata["splits"]["val"]
     assert val_samples % 2 == 1

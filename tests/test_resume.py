@@ -205,3 +205,21 @@ def test_the_pairwise_cells_cover_every_pair_of_factor_values() -> None:
     for first, second in itertools.combinations(factors, 2):
         pairs = {(getattr(c, first), getattr(c, second)) for c in cells}
         assert pairs == {(getattr(c, first), getattr(c, second)) for c in every}, (first, second)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("trigger", ["epoch-end", "sigterm"])
+def test_streamed_resume_is_exact_without_loader_workers(trigger, tmp_path, image_tree, references) -> None:
+    """The streaming loader in the main process: its position is read when the first batch is asked for,
+    after Lightning restored the loop (it creates the iterator before, to count the steps)."""
+    _run_cell(matrix.Cell("stream-w0", 1, trigger, "plain"), tmp_path, image_tree, references)
+
+
+@pytest.mark.slow
+def test_streamed_resume_with_other_loader_workers_is_refused(tmp_path, image_tree) -> None:
+    """LitData gives each worker its own share of the chunks: another worker count means other batches."""
+    checkpoint = matrix.interrupt(matrix.Cell("stream-w2", 1, "sigterm", "plain"), tmp_path / "run", image_tree)
+    with pytest.raises(ValueError, match="num_workers 2 -> 0"):
+        matrix.fit(
+            matrix.Cell("stream-w0", 1, "sigterm", "plain"), tmp_path / "run", image_tree, ckpt_path=str(checkpoint)
+        )
