@@ -114,9 +114,12 @@ def test_torchrun_two_nodes_train_on_shards_and_write_one_run(torchrun_job, stre
         f"--data.input_dir={stream}", f"--ckpt_path={checkpoints / 'last.ckpt'}", "--trainer.enable_progress_bar=false",
         "--trainer.logger=false", cwd=workdir,
     )  # fmt: skip
-    logged = EventAccumulator(str(next((checkpoints.parent).glob("events.out.tfevents.*"))))
-    logged.Reload()
-    two_nodes = logged.Scalars("val_acc")[-1].value  # the last validation: the weights of last.ckpt
+    logged = []  # the run's event files (the summary written after fit is a file of its own)
+    for event_file in checkpoints.parent.glob("events.out.tfevents.*"):
+        events = EventAccumulator(str(event_file))
+        events.Reload()
+        logged += events.Scalars("val_acc") if "val_acc" in events.Tags()["scalars"] else []
+    two_nodes = max(logged, key=lambda event: event.step).value  # the last validation: the weights of last.ckpt
     one_process = float(re.search(r"val_acc\D+([0-9.]+)", single.stdout).group(1))
     assert two_nodes == pytest.approx(one_process, abs=1e-7)
 
