@@ -38,7 +38,7 @@ seeds: data
 test: install
 	$(BIN)/python -m pytest
 
-# The whole exact-resume fault-injection matrix (90 cells, about 6 minutes), with its table.
+# The whole exact-resume fault-injection matrix (90 cells, about 5 minutes), with its table.
 matrix: install
 	$(BIN)/python -m pytest tests/test_resume.py -m matrix -s -q
 
