@@ -30,6 +30,7 @@ from PIL import Image
 
 import datamodules  # noqa: F401  (registers the datamodules for --data)
 from datamodules import ImageFolderDataModule, InMemoryImageDataModule, TextClassificationDataModule
+from datamodules.image_folder import CorruptImageError
 from datamodules.streaming import (
     FORMAT_VERSION,
     METADATA_FILE,
@@ -91,7 +92,9 @@ class FileItems:
             if self.encoded:
                 Image.open(io.BytesIO(data)).verify()  # an unreadable file fails here, not in training
         except Exception as err:  # PIL raises many types for bad files
-            raise ValueError(f"{path}: cannot be decoded as an image ({err}). Delete or replace the file.") from err
+            raise CorruptImageError(
+                f"{path}: cannot be decoded as an image ({err}). Delete or replace the file."
+            ) from err
         return {"image": image, "label": label}
 
 

@@ -16,6 +16,7 @@ writes any of the template's datasets as LitData chunks (`<dir>/{train,val,test}
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import tempfile
@@ -155,33 +156,13 @@ def check_chunks(split_dir: Path, expected_samples: int) -> None:
 def decode_image(data: bytes, mode: str, size: int) -> np.ndarray:
     """Encoded image -> uint8 [C, size, size]: short side resized to `size`, center crop (JPEGs decoded at
     reduced resolution when they are much larger)."""
-    with Image.open(_BytesReader(data)) as image:
+    with Image.open(io.BytesIO(data)) as image:  # BytesIO shares the bytes until written to
         image.draft(mode, (size, size))  # JPEG: decode at 1/2, 1/4 or 1/8 scale if still >= size
         image = image.convert(mode)
     if image.size != (size, size):
         image = center_crop(image.resize(resized_size(image.size, size), Image.Resampling.BILINEAR), size)
     array = np.asarray(image, dtype=np.uint8)
     return array[None] if array.ndim == 2 else array.transpose(2, 0, 1)
-
-
-class _BytesReader:
-    """A file object over bytes for PIL, without copying them (io.BytesIO would)."""
-
-    def __init__(self, data: bytes) -> None:
-        self.view, self.position = memoryview(data), 0
-
-    def read(self, size: int = -1) -> bytes:
-        end = len(self.view) if size < 0 else self.position + size
-        chunk = self.view[self.position : end].tobytes()
-        self.position += len(chunk)
-        return chunk
-
-    def seek(self, offset: int, whence: int = 0) -> int:
-        self.position = (offset, self.position + offset, len(self.view) + offset)[whence]
-        return self.position
-
-    def tell(self) -> int:
-        return self.position
 
 
 class ImageSample:
