@@ -8,7 +8,7 @@ ARGS ?=
 export MALLOC_MMAP_THRESHOLD_ ?= 33554432
 export MALLOC_TRIM_THRESHOLD_ ?= 1073741824
 
-.PHONY: install data train test matrix bench bench-scale bench-serve serve lint format clean transfer text-data tune seeds
+.PHONY: install data train test matrix bench bench-quick bench-gpu bench-scale bench-serve serve lint format clean transfer text-data tune seeds
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -42,8 +42,17 @@ test: install
 matrix: install
 	$(BIN)/python -m pytest tests/test_resume.py -m matrix -s -q
 
+# Framework overhead, end-to-end ratio, throughput and fraction of peak, loading: medians over
+# interleaved repeats (about 6 minutes on 2 CPU cores; bench-quick: the same table in under 3).
 bench: data
-	$(BIN)/python -m benchmarks.run
+	$(BIN)/python -m benchmarks.run $(ARGS)
+
+bench-quick: data
+	$(BIN)/python -m benchmarks.run --quick $(ARGS)
+
+# On a CUDA machine, unattended (about 6 minutes): throughput by precision/compile/channels_last, overhead, DDP.
+bench-gpu: data
+	bash benchmarks/gpu.sh $(ARGS)
 
 # How memory and epoch time grow with the data (in memory, files, streaming), the 224 px image
 # pipeline against torchvision's, and DDP on 1 vs 2 processes (about 10 minutes on 2 CPU cores).

@@ -1,17 +1,17 @@
-"""Speed of the template, measured side by side in one process: `make bench` or `python -m benchmarks.run`.
+"""Speed of the template, every figure a median over interleaved repeats: `make bench` (`make bench-quick`).
 
-1. overhead:  `train.py fit` (SimpleCNN, Fashion-MNIST) vs a bare PyTorch loop on the same
-               in-memory data, model, batch size and seed; median epoch time, ratio.
-2. data:      our datamodule vs torchvision's FashionMNIST + ToTensor/Normalize + DataLoader:
-               loading alone, and loading + training (bare loop), images/s.
-3. model:     SimpleCNN and ResNet-18 training throughput and achieved GFLOP/s against this
-               machine's measured fp32 matmul peak, eager and with `--model.compile true`.
-4. accuracy:  time to target accuracy of each shipped config, read from the TensorBoard logs of
-               its latest run (`python train.py fit --config ...` first).
+1. framework overhead per step: `train.py fit` vs a bare PyTorch loop, with a network and batch so
+   small that a step is nearly pure framework work (microseconds per step), in interleaved pairs;
+   then as a fraction of each shipped model's real step time;
+2. end to end: `train.py fit --config configs/simple_cnn.yaml` vs the bare loop, ratio per pair;
+3. throughput and fraction of the matmul peak of the shipped models, peak and model in alternating windows;
+4. data loading: the template's in-memory datamodule vs torchvision's per-image pipeline, pass by pass;
+5. time to target accuracy of each shipped job, read from the TensorBoard logs of its latest run.
 
-Runs unchanged on CPU and GPU. Timings are noisy on shared machines: the Makefile pins glibc's
-malloc thresholds, every number is a median over repeats after a warm-up, and only ratios
-measured in this same run are compared. Results: printed table + JSON (--out).
+Medians come with their interquartile range (how single repeats scatter) and the 95 % confidence
+interval of the median (how well the figure is known). Run nothing else meanwhile: on a shared CPU two
+busy processes slow each other down several times. The Makefile pins glibc's malloc thresholds.
+`--quick` prints the same table from fewer repeats (wider intervals), to check a change.
 """
 
 from __future__ import annotations
@@ -21,112 +21,92 @@ import gzip
 import json
 import platform
 import shutil
-import statistics
 import tempfile
 import time
-from collections.abc import Callable
+import warnings
 from pathlib import Path
 from typing import Any
 
 import torch
 import torchvision
-from lightning import Callback, Trainer
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from torch.utils.data import DataLoader
-from torch.utils.flop_counter import FlopCounterMode
 
+from benchmarks.overhead import paired_epochs
+from benchmarks.stats import Summary, describe, summarize
+from benchmarks.throughput import StepSpec, interleaved_windows, job_model, training_step
 from datamodules import FashionMNISTDataModule
-from models import ResNetClassifier, SimpleCNN
-from train import TemplateCLI
 
 ROOT = Path(__file__).resolve().parents[1]
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+# The per-step overhead job: the template's SimpleCNN reduced to one channel per conv, batch 8.
+TINY = ["--data.batch_size=8", "--model.channels=[1,1]", "--model.hidden=4"]
+JOBS = {
+    "SimpleCNN": "configs/simple_cnn.yaml",
+    "ResNet-18": "configs/resnet_fmnist_pretrain.yaml",
+    "ViT": "configs/vit_fashion_mnist.yaml",
+}
+TARGETS = {"simple_cnn": 0.91, "vit_fashion_mnist": 0.88, "resnet_fmnist_pretrain": 0.93}
+SIZES = {  # full, quick
+    "overhead_pairs": (40, 12),
+    "end_to_end_pairs": (30, 8),
+    "throughput_windows": (9, 3),
+    "loading_passes": (9, 3),
+}
 
 
-def sync() -> None:
-    if DEVICE.type == "cuda":
-        torch.cuda.synchronize()
+def accelerator_args() -> list[str]:
+    return [f"--trainer.accelerator={DEVICE.type}", "--trainer.devices=1"]
 
 
-class EpochTimer(Callback):
-    """Wall time of each training epoch (data loading + steps), as Lightning runs it."""
-
-    def __init__(self) -> None:
-        self.times: list[float] = []
-
-    def on_train_epoch_start(self, trainer: Trainer, pl_module: Any) -> None:
-        sync()
-        self._start = time.perf_counter()
-
-    def on_train_epoch_end(self, trainer: Trainer, pl_module: Any) -> None:
-        sync()
-        self.times.append(time.perf_counter() - self._start)
-
-
-def median_after_warmup(times: list[float]) -> tuple[float, float]:
-    """Median and (max - min) spread, dropping the first (warm-up) measurement."""
-    kept = times[1:] if len(times) > 1 else times
-    return statistics.median(kept), max(kept) - min(kept)
-
-
-def bare_loop_epochs(datamodule: FashionMNISTDataModule, epochs: int, batches: int, loader: Any = None) -> list[float]:
-    """The classic loop: zero_grad / forward / loss / backward / step."""
-    torch.manual_seed(42)
-    net = SimpleCNN().net.to(DEVICE)
-    optimizer = torch.optim.AdamW(net.parameters(), lr=0.002, weight_decay=0.05)
-    loss_fn = torch.nn.CrossEntropyLoss()
-    loader = loader or datamodule.train_dataloader()
-    times = []
-    for _ in range(epochs):
-        sync()
-        start = time.perf_counter()
-        for i, (images, labels) in enumerate(loader):
-            if i == batches:
-                break
-            images, labels = images.to(DEVICE, non_blocking=True), labels.to(DEVICE, non_blocking=True)
-            if images.dtype == torch.uint8:
-                images, labels = datamodule.normalize(images), labels
-            optimizer.zero_grad(set_to_none=True)
-            loss = loss_fn(net(images), labels)
-            loss.backward()
-            optimizer.step()
-        sync()
-        times.append(time.perf_counter() - start)
-    return times
-
-
-def lightning_fit_epochs(epochs: int, batches: int, workdir: Path) -> list[float]:
-    """`train.py fit --config configs/simple_cnn.yaml`, training only (no validation), timed per epoch."""
-    args = [
-        "fit", "--config", str(ROOT / "configs/simple_cnn.yaml"), f"--trainer.max_epochs={epochs}",
-        f"--trainer.limit_train_batches={batches}", "--trainer.check_val_every_n_epoch=1000",
-        "--trainer.num_sanity_val_steps=0",
-        "--trainer.enable_progress_bar=false", "--test_after_fit=false", "--trainer.enable_model_summary=false",
-        f"--trainer.logger.init_args.save_dir={workdir}", "--trainer.callbacks+=benchmarks.run.EpochTimer",
-        f"--trainer.accelerator={DEVICE.type}", "--trainer.devices=1",
-    ]  # fmt: skip
-    cli = TemplateCLI(args=args)
-    # By name: run as __main__, this module's EpochTimer is not the class the CLI imported.
-    return next(c for c in cli.trainer.callbacks if type(c).__name__ == "EpochTimer").times
-
-
-def bench_overhead(epochs: int, batches: int, workdir: Path) -> dict[str, Any]:
-    datamodule = FashionMNISTDataModule(batch_size=128)
-    datamodule.setup("fit")
-    bare, fit = [], []
-    for _ in range(2):  # interleaved, so drift of the machine hits both; each run's first epoch is warm-up
-        bare += bare_loop_epochs(datamodule, epochs, batches)[1:]
-        fit += lightning_fit_epochs(epochs, batches, workdir)[1:]
-    bare_median, bare_spread = statistics.median(bare), max(bare) - min(bare)
-    fit_median, fit_spread = statistics.median(fit), max(fit) - min(fit)
+def bench_overhead(pairs: int, workdir: Path) -> dict[str, Any]:
+    """Per-step and per-epoch cost of `train.py fit` over the bare loop, tiny network, 300 steps per epoch."""
+    steps = 300
+    fit, bare = paired_epochs("configs/simple_cnn.yaml", steps, pairs, TINY + accelerator_args(), workdir)
+    per_step = [(f.steps_s - b) / steps * 1e6 for f, b in zip(fit, bare, strict=True)]
+    per_epoch = [f.epoch_end_s * 1e3 for f in fit]
     return {
-        "batches_per_epoch": batches,
-        "bare_loop_epoch_s": round(bare_median, 3),
-        "bare_loop_spread_s": round(bare_spread, 3),
-        "train_py_fit_epoch_s": round(fit_median, 3),
-        "train_py_fit_spread_s": round(fit_spread, 3),
-        "ratio_fit_over_bare": round(fit_median / bare_median, 3),
-        "goal": "<= 1.03",
+        "steps_per_epoch": steps,
+        "overhead_us_per_step": summarize(per_step).as_dict(1),
+        "bare_step_us": summarize([b / steps * 1e6 for b in bare]).as_dict(1),
+        "fit_step_us": summarize([f.steps_s / steps * 1e6 for f in fit]).as_dict(1),
+        "epoch_end_ms": summarize(per_epoch).as_dict(2),
+        "per_pair_us": [round(value, 1) for value in per_step],
+    }
+
+
+def bench_end_to_end(pairs: int, workdir: Path) -> dict[str, Any]:
+    """`train.py fit` of the main job vs the bare loop: epoch-time ratio per pair (epoch end included)."""
+    steps = 20
+    fit, bare = paired_epochs("configs/simple_cnn.yaml", steps, pairs, accelerator_args(), workdir)
+    ratios = [f.total_s / b for f, b in zip(fit, bare, strict=True)]
+    summary = summarize(ratios)
+    return {
+        "steps_per_epoch": steps,
+        "ratio_fit_over_bare": summary.as_dict(4),
+        "ci_half_width": round(summary.relative_ci(), 4),
+        "fit_epoch_s": summarize([f.total_s for f in fit]).as_dict(3),
+        "bare_epoch_s": summarize(bare).as_dict(3),
+        "goal": "ratio <= 1.03",
+        "per_pair": [round(value, 4) for value in ratios],
+    }
+
+
+def bench_throughput(windows: int, seconds: float, compile: bool) -> dict[str, Any]:
+    """Training throughput per shipped model (synthetic batches of the job's shape), eager (and compiled)."""
+    steps = {}
+    for name, config in JOBS.items():
+        model, batch, shape = job_model(config)
+        variants = [("eager", StepSpec())] + ([("compiled", StepSpec(compile=True))] if compile else [])
+        for variant, spec in variants:
+            step, flops = training_step(model, batch, shape, DEVICE, spec)
+            steps[f"{name} {variant}"] = (step, flops, batch)
+    peak_size = 4096 if DEVICE.type == "cuda" else 2048
+    raw = interleaved_windows(steps, DEVICE, windows, seconds, peak_size)
+    return {
+        name: {key: summarize(values).as_dict(4) for key, values in series.items()}
+        | {"batch": steps[name][2], "train_gflop_per_step": round(steps[name][1] / 1e9, 3)}
+        for name, series in raw.items()
     }
 
 
@@ -140,108 +120,54 @@ def torchvision_root(source: Path, workdir: Path) -> Path:
     return workdir
 
 
-def time_loader(loader: Any, transform: Callable | None, repeats: int) -> tuple[float, int]:
-    """Median seconds per full pass over `loader` (after one warm-up pass), and the image count."""
-    times, count = [], 0
-    for _ in range(repeats + 1):
-        count = 0
-        start = time.perf_counter()
-        for images, _labels in loader:
-            images = images.to(DEVICE, non_blocking=True)
-            if transform is not None:
-                images = transform(images)
-            count += len(images)
-        sync()
-        times.append(time.perf_counter() - start)
-    return median_after_warmup(times)[0], count
+def loading_pass(loader: Any, batches: int, transform: Any = None) -> float:
+    """Images per second over the first `batches` batches, moved to the device (and normalized by `transform`)."""
+    count, start = 0, time.perf_counter()
+    for index, (images, _labels) in enumerate(loader):
+        if index == batches:
+            break
+        images = images.to(DEVICE, non_blocking=True)
+        if transform is not None:
+            images = transform(images)
+        count += len(images)
+    if DEVICE.type == "cuda":
+        torch.cuda.synchronize()
+    return count / (time.perf_counter() - start)
 
 
-def bench_data(workdir: Path, repeats: int, batches: int) -> dict[str, Any]:
+def bench_loading(passes: int, workdir: Path) -> dict[str, Any]:
+    """100 batches of 128 per pass, the three pipelines in turn each round; speed-up per round."""
+    batches = 100
     datamodule = FashionMNISTDataModule(batch_size=128)
     datamodule.setup("fit")
-    ours_s, ours_n = time_loader(datamodule.train_dataloader(), datamodule.normalize, repeats)
-    root = torchvision_root(Path(datamodule.resolve_files()), workdir)
+    ours_loader = datamodule.train_dataloader()
     transform = torchvision.transforms.Compose(
         [torchvision.transforms.ToTensor(), torchvision.transforms.Normalize(datamodule.mean, datamodule.std)]
     )
+    root = torchvision_root(Path(datamodule.resolve_files()), workdir)
     classic = torchvision.datasets.FashionMNIST(str(root), train=True, transform=transform)
-    result: dict[str, Any] = {"ours_images_per_s": round(ours_n / ours_s)}
-    for workers in (0, 2):
-        loader = DataLoader(classic, batch_size=128, shuffle=True, num_workers=workers, persistent_workers=workers > 0)
-        seconds, count = time_loader(loader, None, repeats)
-        result[f"torchvision_{workers}_workers_images_per_s"] = round(count / seconds)
-    best_classic = max(v for k, v in result.items() if k.startswith("torchvision"))
-    result["loading_speedup"] = round(result["ours_images_per_s"] / best_classic, 1)
-    result["loading_goal"] = ">= 5x"
-    # End to end: the same bare training loop fed by either pipeline.
-    ours_train = median_after_warmup(bare_loop_epochs(datamodule, 3, batches))[0]
-    classic_loader = DataLoader(classic, batch_size=128, shuffle=True, num_workers=0)
-    classic_train = median_after_warmup(bare_loop_epochs(datamodule, 3, batches, classic_loader))[0]
-    result.update(
-        end_to_end_batches=batches,
-        end_to_end_ours_s=round(ours_train, 3),
-        end_to_end_torchvision_s=round(classic_train, 3),
-        end_to_end_speedup=round(classic_train / ours_train, 2),
-    )
-    return result
-
-
-def matmul_peak_gflops(size: int = 2048, repeats: int = 10) -> float:
-    a, b = torch.randn(size, size, device=DEVICE), torch.randn(size, size, device=DEVICE)
-    for _ in range(2):
-        a @ b
-    sync()
-    start = time.perf_counter()
-    for _ in range(repeats):
-        a @ b
-    sync()
-    return 2 * size**3 * repeats / (time.perf_counter() - start) / 1e9
-
-
-def training_step_flops(net: torch.nn.Module, images: torch.Tensor, labels: torch.Tensor) -> int:
-    with FlopCounterMode(display=False) as counter:
-        torch.nn.functional.cross_entropy(net(images), labels).backward()
-    net.zero_grad(set_to_none=True)
-    return counter.get_total_flops()
-
-
-def bench_model(build: Callable[[], Any], batch: int, steps: int, peak: float, compile: bool) -> dict[str, Any]:
-    images = torch.randn(batch, 1, 28, 28, device=DEVICE)
-    labels = torch.randint(0, 10, (batch,), device=DEVICE)
-    result: dict[str, Any] = {}
-    for mode in ("eager", "compile") if compile else ("eager",):
-        torch.manual_seed(0)
-        net = build().net.to(DEVICE)
-        flops = training_step_flops(net, images, labels)
-        if mode == "compile":
-            net.compile()
-        optimizer = torch.optim.AdamW(net.parameters())
-        compile_start = time.perf_counter()
-        times = []
-        for step in range(steps + 3):
-            sync()
-            start = time.perf_counter()
-            optimizer.zero_grad(set_to_none=True)
-            torch.nn.functional.cross_entropy(net(images), labels).backward()
-            optimizer.step()
-            sync()
-            times.append(time.perf_counter() - start)
-            if step == 0:
-                first_step_s = time.perf_counter() - compile_start
-        step_s = statistics.median(times[3:])
-        result[mode] = {
-            "images_per_s": round(batch / step_s),
-            "gflops_per_s": round(flops / step_s / 1e9, 1),
-            "fraction_of_matmul_peak": round(flops / step_s / 1e9 / peak, 3),
-            "first_step_s": round(first_step_s, 1),
-        }
-    if compile:
-        result["compile_speedup"] = round(result["compile"]["images_per_s"] / result["eager"]["images_per_s"], 2)
-    result["train_gflop_per_image"] = round(flops / batch / 1e9, 4)
-    return result
-
-
-TARGETS = {"simple_cnn": 0.91, "vit_fashion_mnist": 0.88, "resnet_fmnist_pretrain": 0.93}
+    pipelines = {
+        "template": (ours_loader, datamodule.normalize),
+        "torchvision_0_workers": (DataLoader(classic, batch_size=128, shuffle=True), None),
+        "torchvision_2_workers": (
+            DataLoader(classic, batch_size=128, shuffle=True, num_workers=2, persistent_workers=True),
+            None,
+        ),
+    }
+    rates: dict[str, list[float]] = {name: [] for name in pipelines}
+    for round_ in range(passes + 1):  # round 0 warms up (worker start, page cache)
+        for name, (loader, normalize) in pipelines.items():
+            rate = loading_pass(loader, batches, normalize)
+            if round_:
+                rates[name].append(rate)
+    references = zip(rates["torchvision_0_workers"], rates["torchvision_2_workers"], strict=True)
+    best_reference = [max(pair) for pair in references]
+    return {name: summarize(values).as_dict(0) for name, values in rates.items()} | {
+        "speedup_over_best_torchvision": summarize(
+            [ours / ref for ours, ref in zip(rates["template"], best_reference, strict=True)]
+        ).as_dict(2),
+        "goal": ">= 5x",
+    }
 
 
 def time_to_accuracy(logs: Path) -> dict[str, Any]:
@@ -270,14 +196,67 @@ def time_to_accuracy(logs: Path) -> dict[str, Any]:
     return result
 
 
+def summary_of(entry: dict[str, Any]) -> Summary:
+    return Summary(**entry)
+
+
+def markdown(results: dict[str, Any]) -> str:
+    """The table README's performance section shows."""
+    machine = results["machine"]
+    run = "quick" if results["quick"] else "full"
+    head = (
+        f"{machine['device']}, {machine['threads']} threads, torch {machine['torch']}, {machine['date']}; "
+        f"{run} run, {results['wall_s']:.0f} s. Median (IQR; 95 % CI of the median, n)."
+    )
+    rows = ["| figure | value |", "|---|---|"]
+    overhead = results["overhead"]
+    us = summary_of(overhead["overhead_us_per_step"])
+    rows.append(f"| `train.py fit` overhead per step (tiny network, batch 8) | {describe(us, 'µs')} |")
+    rows.append(
+        f"| bare loop step / fit step, tiny network | {describe(summary_of(overhead['bare_step_us']), 'µs')} / "
+        f"{describe(summary_of(overhead['fit_step_us']), 'µs')} |"
+    )
+    epoch_end = describe(summary_of(overhead["epoch_end_ms"]), "ms", digits=1)
+    rows.append(f"| `train.py fit` cost per epoch end (checkpoint, logs) | {epoch_end} |")
+    e2e = results["end_to_end"]
+    rows.append(
+        f"| end to end, SimpleCNN job: fit epoch / bare epoch ({e2e['steps_per_epoch']} steps) | "
+        f"{describe(summary_of(e2e['ratio_fit_over_bare']), digits=3)}; CI ±{e2e['ci_half_width'] * 100:.1f} % |"
+    )
+    for name, entry in results["throughput"].items():
+        step_us = summary_of(entry["step_s"]).median * 1e6
+        share = us.median / step_us * 100
+        rows.append(f"| {name}: images/s (batch {entry['batch']}) | {describe(summary_of(entry['images_per_s']))} |")
+        rows.append(
+            f"| {name}: fraction of matmul peak (peak {summary_of(entry['peak_gflops_per_s']).median:.0f} GFLOP/s) | "
+            f"{describe(summary_of(entry['fraction_of_peak']), '%', scale=100, digits=1)} |"
+        )
+        if name.endswith("eager"):
+            rows.append(
+                f"| {name}: per-step overhead as a share of its step | {share:.2f} % of {step_us / 1e3:.1f} ms |"
+            )
+    loading = results["loading"]
+    rows.append(
+        f"| loading, images/s: template / torchvision 0 / 2 workers | "
+        f"{summary_of(loading['template']).median:,.0f} / {summary_of(loading['torchvision_0_workers']).median:,.0f} / "
+        f"{summary_of(loading['torchvision_2_workers']).median:,.0f} |"
+    )
+    speedup = describe(summary_of(loading["speedup_over_best_torchvision"]), "x", digits=1)
+    rows.append(f"| loading speed-up over the best torchvision | {speedup} |")
+    return head + "\n\n" + "\n".join(rows) + "\n"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", type=Path, default=Path("benchmarks/results/latest.json"))
-    parser.add_argument("--batches", type=int, default=150, help="Training batches per timed epoch.")
-    parser.add_argument("--epochs", type=int, default=3, help="Timed epochs per run (the first is warm-up).")
-    parser.add_argument("--steps", type=int, default=20, help="Timed steps per model-throughput measurement.")
-    parser.add_argument("--skip-compile", action="store_true", help="Skip torch.compile (slow to compile on CPU).")
+    parser.add_argument("--quick", action="store_true", help="Fewer repeats (under 3 minutes on 2 CPU cores).")
+    parser.add_argument("--compile", action="store_true", help="Also time the models with torch.compile.")
+    parser.add_argument("--out", type=Path, help="JSON results (default benchmarks/results/bench[-quick].json).")
     args = parser.parse_args()
+    sizes = {key: value[1] if args.quick else value[0] for key, value in SIZES.items()}
+    out = args.out or ROOT / "benchmarks" / "results" / ("bench-quick.json" if args.quick else "bench.json")
+    start = time.perf_counter()
+    # The CLI runs in this process with its own arguments; it warns that sys.argv holds others (this script's).
+    warnings.filterwarnings("ignore", message="LightningCLI's args parameter")
     torch.manual_seed(0)
     workdir = Path(tempfile.mkdtemp(prefix="bench-"))
     results: dict[str, Any] = {
@@ -285,26 +264,26 @@ def main() -> None:
             "device": torch.cuda.get_device_name() if DEVICE.type == "cuda" else platform.processor() or "cpu",
             "threads": torch.get_num_threads(),
             "torch": torch.__version__,
-            "date": time.strftime("%Y-%m-%d"),
-        }
+            "date": time.strftime("%Y-%m-%d %H:%M"),
+        },
+        "quick": args.quick,
+        "sizes": sizes,
     }
-    peak = matmul_peak_gflops()
-    results["matmul_peak_gflops"] = round(peak, 1)
-    results["overhead"] = bench_overhead(args.epochs, args.batches, workdir)
-    print(json.dumps(results["overhead"], indent=2), flush=True)
-    results["data"] = bench_data(workdir, repeats=2, batches=args.batches)
-    print(json.dumps(results["data"], indent=2), flush=True)
-    models = {"simple_cnn": (SimpleCNN, 128), "resnet18": (lambda: ResNetClassifier(input_shape=(1, 28, 28)), 128)}
-    results["model"] = {}
-    for name, (build, batch) in models.items():
-        results["model"][name] = bench_model(build, batch, args.steps, peak, compile=not args.skip_compile)
-        print(name, json.dumps(results["model"][name]), flush=True)
-    results["time_to_accuracy"] = time_to_accuracy(ROOT / "logs")
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(results, indent=2))
-    print(json.dumps(results, indent=2))
-    print(f"written to {args.out}")
-    shutil.rmtree(workdir, ignore_errors=True)
+    try:
+        results["overhead"] = bench_overhead(sizes["overhead_pairs"], workdir)
+        results["end_to_end"] = bench_end_to_end(sizes["end_to_end_pairs"], workdir)
+        results["throughput"] = bench_throughput(sizes["throughput_windows"], 1.0, args.compile)
+        results["loading"] = bench_loading(sizes["loading_passes"], workdir)
+        results["time_to_accuracy"] = time_to_accuracy(ROOT / "logs")
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    results["wall_s"] = round(time.perf_counter() - start, 1)
+    table = markdown(results)
+    results["table"] = table
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(results, indent=2) + "\n")
+    print(table)
+    print(f"written to {out}")
 
 
 if __name__ == "__main__":

@@ -45,7 +45,9 @@ def seeded_sample(get_item: Callable[[int], T], index: int | tuple[int, int]) ->
         return get_item(index)
     sample, seed = index
     with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
+        # The CPU generator only (what fork_rng restores): torch.manual_seed would also reseed CUDA's, and costs
+        # a stack trace per sample while CUDA is not initialized (every DataLoader worker).
+        torch.default_generator.manual_seed(seed)
         return get_item(sample)
 
 
