@@ -49,7 +49,7 @@ JOBS = {
 TARGETS = {"simple_cnn": 0.91, "vit_fashion_mnist": 0.88, "resnet_fmnist_pretrain": 0.93}
 SIZES = {  # full, quick
     "overhead_pairs": (40, 12),
-    "end_to_end_pairs": (30, 8),
+    "end_to_end_pairs": (40, 8),
     "throughput_windows": (9, 3),
     "loading_passes": (9, 3),
 }
