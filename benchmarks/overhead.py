@@ -2,7 +2,7 @@
 
 One `train.py fit` run (the template's CLI, configs, callbacks, metrics and logging, unchanged) is
 timed epoch by epoch; right after each of its epochs, inside the same process, the same number of
-steps of a bare loop runs and is timed: the same network architecture and initialization, the same
+steps of a bare loop runs and is timed: the same network architecture, the same
 optimizer groups and learning-rate schedule, the same in-memory batches normalized on the device.
 Each (fit epoch, bare epoch) pair ran back to back, so a slow phase of a shared machine hits both
 sides of a pair; the figures are medians over pairs of the per-pair difference or ratio.
@@ -36,7 +36,7 @@ def sync(device: torch.device) -> None:
 
 class BareLoop:
     """The loop a careful user writes by hand, for a twin of the template's model: a fresh network of the same
-    architecture and seed, the template's optimizer groups and learning-rate schedule; no metrics, no logging."""
+    architecture, the template's optimizer groups and learning-rate schedule; no metrics, no logging."""
 
     def __init__(self, module: ClassificationModule, datamodule: InMemoryImageDataModule, schedule: dict) -> None:
         twin = type(module)(**{k: v for k, v in module.hparams.items() if not k.startswith("_")})
