@@ -28,7 +28,7 @@ from typing import Any
 import torch
 from lightning import Callback, LightningModule, Trainer
 
-from benchmarks.overhead import paired_epochs
+from benchmarks.overhead import end_to_end, per_step_overhead, sync
 from benchmarks.stats import Summary, describe, summarize
 from benchmarks.throughput import StepSpec, interleaved_windows, job_model, training_step
 
@@ -44,13 +44,11 @@ class EpochClock(Callback):
         self.times: list[float] = []
 
     def on_train_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        if pl_module.device.type == "cuda":
-            torch.cuda.synchronize()
+        sync(pl_module.device)
         self._start = time.perf_counter()
 
     def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        if pl_module.device.type == "cuda":
-            torch.cuda.synchronize()
+        sync(pl_module.device)
         self.times.append(time.perf_counter() - self._start)
         if trainer.is_global_zero:
             self.path.write_text(json.dumps(self.times))
@@ -94,15 +92,11 @@ def bench_throughput(device: torch.device, smoke: bool) -> dict[str, Any]:
 
 
 def bench_overhead(device: torch.device, workdir: Path, smoke: bool) -> dict[str, Any]:
-    accelerator = [f"--trainer.accelerator={'gpu' if device.type == 'cuda' else 'cpu'}", "--trainer.devices=1"]
-    tiny = ["--data.batch_size=8", "--model.channels=[1,1]", "--model.hidden=4"]
     steps, pairs = (5, 2) if smoke else (300, 15)
-    fit, bare = paired_epochs("configs/simple_cnn.yaml", steps, pairs, tiny + accelerator, workdir / "tiny")
     e2e_steps, e2e_pairs = (3, 2) if smoke else (50, 10)
-    fit2, bare2 = paired_epochs("configs/simple_cnn.yaml", e2e_steps, e2e_pairs, accelerator, workdir / "e2e")
     return {
-        "overhead_us_per_step": summarize([(f.steps_s - b) / steps * 1e6 for f, b in zip(fit, bare, strict=True)]),
-        "end_to_end_ratio": summarize([f.total_s / b for f, b in zip(fit2, bare2, strict=True)]),
+        "overhead_us_per_step": summarize(per_step_overhead(device, steps, pairs, workdir / "tiny")["us_per_step"]),
+        "end_to_end_ratio": summarize(end_to_end(device, e2e_steps, e2e_pairs, workdir / "e2e")["ratio"]),
     }
 
 

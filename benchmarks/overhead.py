@@ -138,3 +138,33 @@ def paired_epochs(
     cli = TemplateCLI(args=args)
     timer = next(c for c in cli.trainer.callbacks if isinstance(c, PairedEpochs))
     return timer.fit_epochs()[1:], timer.bare_s[1:]
+
+
+JOB = "configs/simple_cnn.yaml"
+# The per-step job: SimpleCNN cut to one channel per conv, batch 8, so a step is nearly all framework work.
+TINY = ["--data.batch_size=8", "--model.channels=[1,1]", "--model.hidden=4"]
+
+
+def one_device(device: torch.device) -> list[str]:
+    return [f"--trainer.accelerator={'gpu' if device.type == 'cuda' else 'cpu'}", "--trainer.devices=1"]
+
+
+def per_step_overhead(device: torch.device, steps: int, pairs: int, workdir: Path) -> dict[str, list[float]]:
+    """The tiny job's pairs, per pair: overhead in µs per step, the same in units of the pair's own bare step
+    (a whole run on a slower phase of a shared machine moves the microseconds, not this), both steps in µs, and
+    the fit epoch's end in ms."""
+    fit, bare = paired_epochs(JOB, steps, pairs, TINY + one_device(device), workdir)
+    return {
+        "us_per_step": [(f.steps_s - b) / steps * 1e6 for f, b in zip(fit, bare, strict=True)],
+        "in_bare_steps": [(f.steps_s - b) / b for f, b in zip(fit, bare, strict=True)],
+        "bare_step_us": [b / steps * 1e6 for b in bare],
+        "fit_step_us": [f.steps_s / steps * 1e6 for f in fit],
+        "epoch_end_ms": [f.epoch_end_s * 1e3 for f in fit],
+    }
+
+
+def end_to_end(device: torch.device, steps: int, pairs: int, workdir: Path) -> dict[str, list[float]]:
+    """The shipped job's pairs: fit and bare epoch seconds (epoch end included) and their ratio, per pair."""
+    fit, bare = paired_epochs(JOB, steps, pairs, one_device(device), workdir)
+    fit_s = [f.total_s for f in fit]
+    return {"ratio": [f / b for f, b in zip(fit_s, bare, strict=True)], "fit_s": fit_s, "bare_s": bare}

@@ -32,15 +32,13 @@ import torchvision
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from torch.utils.data import DataLoader
 
-from benchmarks.overhead import paired_epochs
+from benchmarks.overhead import end_to_end, per_step_overhead, sync
 from benchmarks.stats import Summary, describe, summarize
 from benchmarks.throughput import StepSpec, interleaved_windows, job_model, training_step
 from datamodules import FashionMNISTDataModule
 
 ROOT = Path(__file__).resolve().parents[1]
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-# The per-step overhead job: the template's SimpleCNN reduced to one channel per conv, batch 8.
-TINY = ["--data.batch_size=8", "--model.channels=[1,1]", "--model.hidden=4"]
 JOBS = {
     "SimpleCNN": "configs/simple_cnn.yaml",
     "ResNet-18": "configs/resnet_fmnist_pretrain.yaml",
@@ -55,45 +53,35 @@ SIZES = {  # full, quick
 }
 
 
-def accelerator_args() -> list[str]:
-    return [f"--trainer.accelerator={DEVICE.type}", "--trainer.devices=1"]
-
-
 def bench_overhead(pairs: int, workdir: Path) -> dict[str, Any]:
     """Per-step and per-epoch cost of `train.py fit` over the bare loop, tiny network, 300 steps per epoch."""
     steps = 300
-    fit, bare = paired_epochs("configs/simple_cnn.yaml", steps, pairs, TINY + accelerator_args(), workdir)
-    per_step = [(f.steps_s - b) / steps * 1e6 for f, b in zip(fit, bare, strict=True)]
-    # The same cost in units of the bare loop's own step in the same pair: a whole run on a slower phase of a
-    # shared machine moves the microseconds, not this.
-    in_bare_steps = [(f.steps_s - b) / b for f, b in zip(fit, bare, strict=True)]
-    per_epoch = [f.epoch_end_s * 1e3 for f in fit]
+    measured = per_step_overhead(DEVICE, steps, pairs, workdir)
     return {
         "steps_per_epoch": steps,
-        "overhead_us_per_step": summarize(per_step).as_dict(1),
-        "overhead_in_bare_steps": summarize(in_bare_steps).as_dict(4),
-        "bare_step_us": summarize([b / steps * 1e6 for b in bare]).as_dict(1),
-        "fit_step_us": summarize([f.steps_s / steps * 1e6 for f in fit]).as_dict(1),
-        "epoch_end_ms": summarize(per_epoch).as_dict(2),
-        "per_pair_us": [round(value, 1) for value in per_step],
-        "per_pair_bare_step_us": [round(b / steps * 1e6, 1) for b in bare],
+        "overhead_us_per_step": summarize(measured["us_per_step"]).as_dict(1),
+        "overhead_in_bare_steps": summarize(measured["in_bare_steps"]).as_dict(4),
+        "bare_step_us": summarize(measured["bare_step_us"]).as_dict(1),
+        "fit_step_us": summarize(measured["fit_step_us"]).as_dict(1),
+        "epoch_end_ms": summarize(measured["epoch_end_ms"]).as_dict(2),
+        "per_pair_us": [round(value, 1) for value in measured["us_per_step"]],
+        "per_pair_bare_step_us": [round(value, 1) for value in measured["bare_step_us"]],
     }
 
 
 def bench_end_to_end(pairs: int, workdir: Path) -> dict[str, Any]:
     """`train.py fit` of the main job vs the bare loop: epoch-time ratio per pair (epoch end included)."""
     steps = 20
-    fit, bare = paired_epochs("configs/simple_cnn.yaml", steps, pairs, accelerator_args(), workdir)
-    ratios = [f.total_s / b for f, b in zip(fit, bare, strict=True)]
-    summary = summarize(ratios)
+    measured = end_to_end(DEVICE, steps, pairs, workdir)
+    summary = summarize(measured["ratio"])
     return {
         "steps_per_epoch": steps,
         "ratio_fit_over_bare": summary.as_dict(4),
         "ci_half_width": round(summary.relative_ci(), 4),
-        "fit_epoch_s": summarize([f.total_s for f in fit]).as_dict(3),
-        "bare_epoch_s": summarize(bare).as_dict(3),
+        "fit_epoch_s": summarize(measured["fit_s"]).as_dict(3),
+        "bare_epoch_s": summarize(measured["bare_s"]).as_dict(3),
         "goal": "ratio <= 1.03",
-        "per_pair": [round(value, 4) for value in ratios],
+        "per_pair": [round(value, 4) for value in measured["ratio"]],
     }
 
 
@@ -135,8 +123,7 @@ def loading_pass(loader: Any, batches: int, transform: Any = None) -> float:
         if transform is not None:
             images = transform(images)
         count += len(images)
-    if DEVICE.type == "cuda":
-        torch.cuda.synchronize()
+    sync(DEVICE)
     return count / (time.perf_counter() - start)
 
 
@@ -201,10 +188,6 @@ def time_to_accuracy(logs: Path) -> dict[str, Any]:
     return result
 
 
-def summary_of(entry: dict[str, Any]) -> Summary:
-    return Summary(**entry)
-
-
 def markdown(results: dict[str, Any]) -> str:
     """The table README's performance section shows."""
     machine = results["machine"]
@@ -215,28 +198,28 @@ def markdown(results: dict[str, Any]) -> str:
     )
     rows = ["| figure | value |", "|---|---|"]
     overhead = results["overhead"]
-    us = summary_of(overhead["overhead_us_per_step"])
+    us = Summary(**overhead["overhead_us_per_step"])
     rows.append(f"| `train.py fit` overhead per step (tiny network, batch 8) | {describe(us, 'µs')} |")
-    relative = describe(summary_of(overhead["overhead_in_bare_steps"]), digits=3)
+    relative = describe(Summary(**overhead["overhead_in_bare_steps"]), digits=3)
     rows.append(f"| the same, in bare-loop steps of the same pair (machine speed cancels) | {relative} |")
     rows.append(
-        f"| bare loop step / fit step, tiny network | {describe(summary_of(overhead['bare_step_us']), 'µs')} / "
-        f"{describe(summary_of(overhead['fit_step_us']), 'µs')} |"
+        f"| bare loop step / fit step, tiny network | {describe(Summary(**overhead['bare_step_us']), 'µs')} / "
+        f"{describe(Summary(**overhead['fit_step_us']), 'µs')} |"
     )
-    epoch_end = describe(summary_of(overhead["epoch_end_ms"]), "ms", digits=1)
+    epoch_end = describe(Summary(**overhead["epoch_end_ms"]), "ms", digits=1)
     rows.append(f"| `train.py fit` cost per epoch end (checkpoint, logs) | {epoch_end} |")
     e2e = results["end_to_end"]
     rows.append(
         f"| end to end, SimpleCNN job: fit epoch / bare epoch ({e2e['steps_per_epoch']} steps) | "
-        f"{describe(summary_of(e2e['ratio_fit_over_bare']), digits=3)}; CI ±{e2e['ci_half_width'] * 100:.1f} % |"
+        f"{describe(Summary(**e2e['ratio_fit_over_bare']), digits=3)}; CI ±{e2e['ci_half_width'] * 100:.1f} % |"
     )
     for name, entry in results["throughput"].items():
-        step_us = summary_of(entry["step_s"]).median * 1e6
+        step_us = Summary(**entry["step_s"]).median * 1e6
         share = us.median / step_us * 100
-        rows.append(f"| {name}: images/s (batch {entry['batch']}) | {describe(summary_of(entry['images_per_s']))} |")
+        rows.append(f"| {name}: images/s (batch {entry['batch']}) | {describe(Summary(**entry['images_per_s']))} |")
         rows.append(
-            f"| {name}: fraction of matmul peak (peak {summary_of(entry['peak_gflops_per_s']).median:.0f} GFLOP/s) | "
-            f"{describe(summary_of(entry['fraction_of_peak']), '%', scale=100, digits=1)} |"
+            f"| {name}: fraction of matmul peak (peak {Summary(**entry['peak_gflops_per_s']).median:.0f} GFLOP/s) | "
+            f"{describe(Summary(**entry['fraction_of_peak']), '%', scale=100, digits=1)} |"
         )
         if name.endswith("eager"):
             rows.append(
@@ -245,10 +228,10 @@ def markdown(results: dict[str, Any]) -> str:
     loading = results["loading"]
     rows.append(
         f"| loading, images/s: template / torchvision 0 / 2 workers | "
-        f"{summary_of(loading['template']).median:,.0f} / {summary_of(loading['torchvision_0_workers']).median:,.0f} / "
-        f"{summary_of(loading['torchvision_2_workers']).median:,.0f} |"
+        f"{Summary(**loading['template']).median:,.0f} / {Summary(**loading['torchvision_0_workers']).median:,.0f} / "
+        f"{Summary(**loading['torchvision_2_workers']).median:,.0f} |"
     )
-    speedup = describe(summary_of(loading["speedup_over_best_torchvision"]), "x", digits=1)
+    speedup = describe(Summary(**loading["speedup_over_best_torchvision"]), "x", digits=1)
     rows.append(f"| loading speed-up over the best torchvision | {speedup} |")
     return head + "\n\n" + "\n".join(rows) + "\n"
 

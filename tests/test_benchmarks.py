@@ -16,6 +16,8 @@ import torch
 
 from benchmarks.stats import median_ci_ranks, summarize
 from callbacks.exact_resume import seed_all
+from datamodules import FashionMNISTDataModule
+from models import SimpleCNN
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -54,6 +56,37 @@ def test_seeding_per_batch_sets_torch_manual_seed_states_in_microseconds() -> No
         seed_all(1234)
         timings.append(time.perf_counter() - start)
     assert statistics.median(timings) < 100e-6  # about 10 µs; torch.manual_seed: 550 µs here, 2 ms in a fit
+
+
+def test_a_training_step_logs_once_and_train_acc_is_the_epoch_accuracy(
+    quick_trainer, fashion_mnist_dir, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each `self.log` costs about 1 ms on this kind of CPU (more for a metric object): one per step, train_acc
+    once per epoch, and still the accuracy over every training sample of the epoch."""
+    calls: list[str] = []
+    log = SimpleCNN.log
+    monkeypatch.setattr(
+        SimpleCNN, "log", lambda self, name, *args, **kwargs: calls.append(name) or log(self, name, *args, **kwargs)
+    )
+    model = SimpleCNN(channels=(4, 8), hidden=16, dropout=0.0)
+    correct, seen = [], []
+
+    def record(module, inputs, logits):  # the logits the step's loss and metric see
+        correct.append(int((logits.argmax(1) == record.targets).sum()))
+        seen.append(len(logits))
+
+    original_step = model.training_step
+
+    def step(batch, batch_idx):
+        record.targets = batch[1]
+        return original_step(batch, batch_idx)
+
+    model.training_step = step
+    model.net.register_forward_hook(record)
+    trainer = quick_trainer(limit_train_batches=5, limit_val_batches=0)
+    trainer.fit(model, datamodule=FashionMNISTDataModule(batch_size=16))
+    assert calls.count("train_loss") == 5 and calls.count("train_acc") == 1
+    assert float(trainer.callback_metrics["train_acc"]) == pytest.approx(sum(correct) / sum(seen), abs=1e-6)
 
 
 def test_gpu_script_without_cuda_says_so_and_measures_nothing(tmp_path: Path) -> None:
