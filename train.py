@@ -36,6 +36,7 @@ from callbacks import (
     CSVPredictionWriter,
     ExactResume,
     FiniteLossGuard,
+    ProcessGroupTeardown,
     ResumeCheckpoint,
     ServingSpec,
 )
@@ -60,10 +61,11 @@ SUBCOMMANDS = ("fit", "validate", "test", "predict")
 
 
 def installed_callbacks() -> list[Any]:
-    """In every run: exact resume with its last.ckpt, the input spec for serving, a stop at NaN, learning rates and
-    images in the logs."""
+    """In every run: exact resume with its last.ckpt, the input spec for serving, a stop at NaN, a clean exit of DDP
+    processes, learning rates and images in the logs."""
     return [
         ExactResume(),
+        ProcessGroupTeardown(),
         ResumeCheckpoint(),
         TrackerRun(),
         ServingSpec(),

@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
 
-from callbacks import ExactResume
+from callbacks import ExactResume, ProcessGroupTeardown
 from tests.conftest import ROOT, run_cli
 from tests.helpers import max_difference
 
@@ -77,6 +80,28 @@ def test_ddp_spawn_fits_tests_and_reports_in_one_run_folder(tmp_path: Path, fash
     assert "best checkpoint: logs/simple_cnn/version_0/checkpoints/epoch=0-val_acc=" in result.stdout
     assert result.stdout.count("test accuracy:") == 1
     assert [p.name for p in (tmp_path / "logs" / "simple_cnn").iterdir()] == ["version_0"]
+
+
+def _rank_that_exits_after_collectives(rank: int, address: str) -> None:
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=address, rank=rank, world_size=2)
+    ProcessGroupTeardown().setup(None, None, "fit")  # what the installed callback does in every rank, once DDP is up
+    dist.all_reduce(torch.ones(1000))  # a metric sync
+    dist.all_reduce(torch.ones(1000), async_op=True)  # a collective still in flight as the rank leaves
+
+
+def _free_address() -> str:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return f"tcp://127.0.0.1:{s.getsockname()[1]}"
+
+
+@pytest.mark.slow
+def test_ddp_processes_exit_cleanly_after_their_work() -> None:
+    """Without the teardown, 8 in 10 such spawns (and ~1 in 5 with the metric sync alone) had a rank die with
+    SIGABRT at interpreter exit, after all its work was done: gloo threads freeing tensors while Python shuts down."""
+    for _ in range(3):
+        mp.spawn(_rank_that_exits_after_collectives, args=(_free_address(),), nprocs=2)  # raises if a rank dies
 
 
 def test_ranks_draw_their_own_random_numbers_reproducibly() -> None:

@@ -13,7 +13,7 @@ import torch
 from lightning import Callback, Trainer, seed_everything
 from lightning.pytorch.plugins import MixedPrecision
 
-from callbacks import TwoStageFinetuning
+from callbacks import ProcessGroupTeardown, TwoStageFinetuning
 from datamodules import FashionMNISTDataModule
 from models import SimpleCNN
 
@@ -48,7 +48,7 @@ def main() -> None:
         accelerator="cpu", devices=2, strategy="ddp", max_epochs=2, limit_train_batches=3, limit_val_batches=1,
         logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
         plugins=[MixedPrecision("16-mixed", "cpu")] if fp16 else None,
-        callbacks=[*extra, TwoStageFinetuning(unfreeze_at_epoch=1)],
+        callbacks=[*extra, TwoStageFinetuning(unfreeze_at_epoch=1), ProcessGroupTeardown()],
     )  # fmt: skip
     trainer.fit(model, datamodule=FashionMNISTDataModule(batch_size=16))
     torch.save(
