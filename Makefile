@@ -43,7 +43,7 @@ matrix: install
 	$(BIN)/python -m pytest tests/test_resume.py -m matrix -s -q
 
 # Framework overhead, end-to-end ratio, throughput and fraction of peak, loading: medians over
-# interleaved repeats (about 6 minutes on 2 CPU cores; bench-quick: the same table in under 3).
+# interleaved repeats (about 8 minutes on 2 CPU cores; bench-quick: the same table in under 3).
 bench: data
 	$(BIN)/python -m benchmarks.run $(ARGS)
 

@@ -47,7 +47,7 @@ JOBS = {
 TARGETS = {"simple_cnn": 0.91, "vit_fashion_mnist": 0.88, "resnet_fmnist_pretrain": 0.93}
 SIZES = {  # full, quick
     "overhead_pairs": (30, 12),
-    "end_to_end_pairs": (50, 10),
+    "end_to_end_pairs": (80, 10),
     "throughput_windows": (9, 3),
     "loading_passes": (9, 3),
 }
