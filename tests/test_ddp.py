@@ -82,18 +82,18 @@ def test_ddp_spawn_fits_tests_and_reports_in_one_run_folder(tmp_path: Path, fash
     assert [p.name for p in (tmp_path / "logs" / "simple_cnn").iterdir()] == ["version_0"]
 
 
-def _rank_that_exits_after_collectives(rank: int, address: str) -> None:
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=address, rank=rank, world_size=2)
-    ProcessGroupTeardown().setup(None, None, "fit")  # what the installed callback does in every rank, once DDP is up
-    dist.all_reduce(torch.ones(1000))  # a metric sync
-    dist.all_reduce(torch.ones(1000), async_op=True)  # a collective still in flight as the rank leaves
-
-
 def _free_address() -> str:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return f"tcp://127.0.0.1:{s.getsockname()[1]}"
+
+
+def _rank_that_exits_after_its_work(rank: int, address: str) -> None:
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=address, rank=rank, world_size=2)
+    dist.all_reduce(torch.ones(1000))  # a metric sync
+    dist.all_reduce(torch.ones(1000), async_op=True)  # a collective still in flight as the rank leaves
+    ProcessGroupTeardown().teardown(None, None, "fit")  # what the installed callback does when a trainer call ends
 
 
 @pytest.mark.slow
@@ -101,7 +101,35 @@ def test_ddp_processes_exit_cleanly_after_their_work() -> None:
     """Without the teardown, 8 in 10 such spawns (and ~1 in 5 with the metric sync alone) had a rank die with
     SIGABRT at interpreter exit, after all its work was done: gloo threads freeing tensors while Python shuts down."""
     for _ in range(3):
-        mp.spawn(_rank_that_exits_after_collectives, args=(_free_address(),), nprocs=2)  # raises if a rank dies
+        mp.spawn(_rank_that_exits_after_its_work, args=(_free_address(),), nprocs=2)  # raises if a rank dies
+
+
+def _rank_one_fails_with_a_collective_in_flight(rank: int, address: str, peer_may_leave) -> None:
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=address, rank=rank, world_size=2)
+    callback = ProcessGroupTeardown()
+    callback.teardown(None, None, "fit")  # fit succeeded; the same process goes on to test
+    if rank == 1:
+        dist.all_reduce(torch.ones(10), async_op=True)  # rank 0 never joins this one
+        callback.on_exception(None, None, RuntimeError("the test step failed"))
+        sys.exit(1)
+    peer_may_leave.wait(60)
+
+
+@pytest.mark.slow
+def test_a_failed_rank_leaves_without_waiting_for_its_peers() -> None:
+    """Destroying the group waits for the rank's collectives in flight: a failed rank must not, or it would hang
+    until the process group's timeout (30 min) instead of failing the run."""
+    peer_may_leave = mp.get_context("spawn").Event()
+    ranks = mp.start_processes(
+        _rank_one_fails_with_a_collective_in_flight, args=(_free_address(), peer_may_leave), nprocs=2, join=False
+    ).processes
+    ranks[1].join(timeout=30)
+    failed_rank_left_first = ranks[1].exitcode is not None and ranks[0].is_alive()
+    peer_may_leave.set()
+    for process in ranks:
+        process.join(timeout=30)
+    assert failed_rank_left_first
 
 
 def test_ranks_draw_their_own_random_numbers_reproducibly() -> None:
