@@ -13,12 +13,6 @@ def destroy_process_group() -> None:
         dist.destroy_process_group()
 
 
-def destroy_at_exit(wanted: bool) -> None:
-    atexit.unregister(destroy_process_group)  # at most once per process, however many trainer calls it makes
-    if wanted:
-        atexit.register(destroy_process_group)
-
-
 class ProcessGroupTeardown(Callback):
     """Destroy torch.distributed's process group when a rank process that finished its work exits (ddp, ddp_spawn,
     torchrun, SLURM).
@@ -33,7 +27,8 @@ class ProcessGroupTeardown(Callback):
     have left their loops at different collectives, which the others would never join."""
 
     def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
-        destroy_at_exit(dist.is_available() and dist.is_initialized())
+        atexit.unregister(destroy_process_group)  # once per process, however many trainer calls it makes
+        atexit.register(destroy_process_group)
 
     def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
-        destroy_at_exit(False)
+        atexit.unregister(destroy_process_group)

@@ -6,6 +6,7 @@ import contextlib
 import hashlib
 import json
 import os
+import socket
 from pathlib import Path
 
 import torch
@@ -34,6 +35,13 @@ class SignalAtBatch(Callback):
     def on_train_batch_end(self, trainer: Trainer, pl_module, outputs, batch, batch_idx: int) -> None:
         if (trainer.current_epoch, batch_idx) == (self.epoch, self.batch) and self.rank in (None, trainer.global_rank):
             os.kill(os.getpid(), self.signum)
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 now, for a process group's rendezvous."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
 
 
 def max_difference(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:

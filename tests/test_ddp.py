@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -15,7 +14,7 @@ import torch.multiprocessing as mp
 
 from callbacks import ExactResume, ProcessGroupTeardown
 from tests.conftest import ROOT, run_cli
-from tests.helpers import max_difference
+from tests.helpers import free_port, max_difference
 
 # Same data, seed and global batch (64) for every run below; no dropout, so runs can match.
 COMMON = [
@@ -82,15 +81,9 @@ def test_ddp_spawn_fits_tests_and_reports_in_one_run_folder(tmp_path: Path, fash
     assert [p.name for p in (tmp_path / "logs" / "simple_cnn").iterdir()] == ["version_0"]
 
 
-def _free_address() -> str:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return f"tcp://127.0.0.1:{s.getsockname()[1]}"
-
-
-def _rank_that_exits_after_its_work(rank: int, address: str) -> None:
+def _rank_that_exits_after_its_work(rank: int, port: int) -> None:
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=address, rank=rank, world_size=2)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
     dist.all_reduce(torch.ones(1000))  # a metric sync
     dist.all_reduce(torch.ones(1000), async_op=True)  # a collective still in flight as the rank leaves
     ProcessGroupTeardown().teardown(None, None, "fit")  # what the installed callback does when a trainer call ends
@@ -101,12 +94,12 @@ def test_ddp_processes_exit_cleanly_after_their_work() -> None:
     """Without the teardown, 8 in 10 such spawns (and ~1 in 5 with the metric sync alone) had a rank die with
     SIGABRT at interpreter exit, after all its work was done: gloo threads freeing tensors while Python shuts down."""
     for _ in range(3):
-        mp.spawn(_rank_that_exits_after_its_work, args=(_free_address(),), nprocs=2)  # raises if a rank dies
+        mp.spawn(_rank_that_exits_after_its_work, args=(free_port(),), nprocs=2)  # raises if a rank dies
 
 
-def _rank_one_fails_with_a_collective_in_flight(rank: int, address: str, peer_may_leave) -> None:
+def _rank_one_fails_with_a_collective_in_flight(rank: int, port: int, peer_may_leave) -> None:
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=address, rank=rank, world_size=2)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
     callback = ProcessGroupTeardown()
     callback.teardown(None, None, "fit")  # fit succeeded; the same process goes on to test
     if rank == 1:
@@ -122,7 +115,7 @@ def test_a_failed_rank_leaves_without_waiting_for_its_peers() -> None:
     until the process group's timeout (30 min) instead of failing the run."""
     peer_may_leave = mp.get_context("spawn").Event()
     ranks = mp.start_processes(
-        _rank_one_fails_with_a_collective_in_flight, args=(_free_address(), peer_may_leave), nprocs=2, join=False
+        _rank_one_fails_with_a_collective_in_flight, args=(free_port(), peer_may_leave), nprocs=2, join=False
     ).processes
     ranks[1].join(timeout=30)
     failed_rank_left_first = ranks[1].exitcode is not None and ranks[0].is_alive()

@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -24,7 +23,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from convert import convert
 from datamodules import FashionMNISTDataModule, StreamingImageDataModule
 from tests.conftest import ROOT, run_cli
-from tests.helpers import max_difference
+from tests.helpers import free_port, max_difference
 
 # 3 classes, about 300 validation images (an odd count: padding to equal shards would repeat one).
 SUBSET = {"classes": [0, 1, 7], "train_samples_per_class": 64, "val_size": 1001}
@@ -35,12 +34,6 @@ TRAIN = [
     "--trainer.deterministic=true", "--trainer.strategy=ddp", "--trainer.accelerator=cpu", "--test_after_fit=false",
 ]  # fmt: skip
 JOB_ID = "4242"
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def launch(commands: list[list[str]], envs: list[dict[str, str]], cwd: Path) -> list[subprocess.CompletedProcess]:
