@@ -20,7 +20,7 @@ $(VENV)/.installed: pyproject.toml | $(BIN)/python
 install: $(VENV)/.installed
 
 data: install
-	$(BIN)/python -c "import datamodules as d; d.FashionMNISTDataModule().prepare_data()"
+	$(BIN)/python -c "from lightning_template.data import FashionMNISTDataModule as D; D().prepare_data()"
 
 train: data
 	$(BIN)/python train.py fit --config $(CONFIG) $(ARGS)
@@ -93,4 +93,4 @@ transfer: data
 # Real text data for configs/transformer_text.yaml: fortune cookies by topic (Debian's `fortunes`).
 text-data: install
 	@test -d /usr/share/games/fortunes || { echo "Needs Debian's fortunes: sudo apt-get install fortunes"; exit 1; }
-	$(BIN)/python -m datamodules.fortunes data/fortunes
+	$(BIN)/python -m lightning_template.data.fortunes data/fortunes

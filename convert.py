@@ -28,10 +28,10 @@ from jsonargparse import ArgumentParser
 from lightning import LightningDataModule
 from PIL import Image
 
-import datamodules  # noqa: F401  (registers the datamodules for --data)
-from datamodules import ImageFolderDataModule, InMemoryImageDataModule, TextClassificationDataModule
-from datamodules.image_folder import CorruptImageError
-from datamodules.streaming import (
+import lightning_template.data  # noqa: F401  (registers the datamodules for --data)
+from lightning_template.data import ImageFolderDataModule, InMemoryImageDataModule, TextClassificationDataModule
+from lightning_template.data.image_folder import CorruptImageError
+from lightning_template.streaming.datamodules import (
     FORMAT_VERSION,
     METADATA_FILE,
     SPLITS,
@@ -256,7 +256,7 @@ def main(argv: list[str] | None = None) -> None:
         config.storage_options,
     )  # fmt: skip
     kind = "Text" if isinstance(config.data, TextClassificationDataModule) else "Image"
-    print(f"Train on it with --data datamodules.Streaming{kind}DataModule --data.input_dir {config.output}")
+    print(f"Train on it with --data lightning_template.data.Streaming{kind}DataModule --data.input_dir {config.output}")
 
 
 if __name__ == "__main__":

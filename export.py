@@ -23,7 +23,7 @@ from typing import Any
 import torch
 from lightning.pytorch.cli import LightningArgumentParser
 
-from serving.backends import SPEC_FILE, SPEC_KEY
+from lightning_template.serving.backends import SPEC_FILE, SPEC_KEY
 from train import TemplateCLI, exit_on_error
 
 

@@ -15,8 +15,8 @@ import signal
 import sys
 from pathlib import Path
 
-from experiments import runs
-from experiments.repeat import run_all, write_summary
+from lightning_template.search import runs
+from lightning_template.search.repeat import run_all, write_summary
 
 
 def main(argv: list[str] | None = None) -> None:

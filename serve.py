@@ -5,8 +5,8 @@
     curl -F file=@shoe.png http://127.0.0.1:8000/predict
 
 The checkpoint carries what the model needs to read raw inputs (image size, resize/crop,
-normalization, or the tokenizer; see serving/preprocess.py), so no data or config is needed.
-Request and answer formats: serving/api.py.
+normalization, or the tokenizer; see lightning_template/serving/preprocess.py), so no data or config is needed.
+Request and answer formats: lightning_template/serving/api.py.
 """
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ from pathlib import Path
 
 import litserve as ls
 
-from serving.api import ClassifierAPI
-from serving.backends import load_backend
-from serving.middleware import CheckRequestBody
+from lightning_template.serving.api import ClassifierAPI
+from lightning_template.serving.backends import load_backend
+from lightning_template.serving.middleware import CheckRequestBody
 
 
 class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):

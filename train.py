@@ -1,6 +1,6 @@
 """Command-line entry point: `python train.py fit|validate|test|predict --config configs/<job>.yaml`.
 
-Every LightningModule in `models/` and LightningDataModule in `datamodules/` can be
+Every LightningModule in `lightning_template/models/` and LightningDataModule in `lightning_template/data/` can be
 chosen by class name (`--model SimpleCNN --data FashionMNISTDataModule`); every
 argument of their `__init__` becomes a flag, documented by `--help`.
 
@@ -28,9 +28,9 @@ from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
-import datamodules  # noqa: F401  (registers the datamodules for --data)
-import models  # noqa: F401  (registers the models for --model)
-from callbacks import (
+import lightning_template.data
+import lightning_template.models  # noqa: F401  (registers the models for --model)
+from lightning_template.callbacks import (
     AugmentedBatchImages,
     ConfusionMatrixImage,
     CSVPredictionWriter,
@@ -40,8 +40,8 @@ from callbacks import (
     ResumeCheckpoint,
     ServingSpec,
 )
-from callbacks.console import progress_bar
-from callbacks.tracking import (
+from lightning_template.callbacks.console import progress_bar
+from lightning_template.callbacks.tracking import (
     EXPERIMENT_ARG,
     RUN_ARG,
     SaveConfigToRun,
@@ -52,8 +52,8 @@ from callbacks.tracking import (
     logger_type,
     tracker_runs,
 )
-from datamodules.contract import CHECKPOINT_STATE_ARG, MODEL_LINKS
-from models.schedule import check_run_length
+from lightning_template.data.contract import CHECKPOINT_STATE_ARG, MODEL_LINKS
+from lightning_template.models.schedule import check_run_length
 
 ROOT = Path(__file__).resolve().parent
 DEFAULTS = ROOT / "configs" / "defaults.yaml"
@@ -126,7 +126,7 @@ class TemplateCLI(LightningCLI):
         super().__init__(*args, **kwargs)
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
-        # Facts about the data are given once, by the datamodule (datamodules/contract.py). Links
+        # Facts about the data are given once, by the datamodule (lightning_template/data/contract.py). Links
         # whose source or target a class lacks are skipped (image data has no vocabulary).
         for name in MODEL_LINKS:
             parser.link_arguments(f"data.{name}", f"model.init_args.{name}", apply_on="instantiate")

@@ -6,7 +6,7 @@
 Flags after the options below go to every trial's `train.py fit` (a shorter budget, a preset).
 Run the same command again to continue a stopped search; run it on several machines with one
 `--storage` URL to search in parallel. Results: logs/tune/<study>/{results.csv,results.md,<study>_best.yaml,plots/}.
-See experiments/search.py for how interruptions are handled.
+See lightning_template/search/search.py for how interruptions are handled.
 """
 
 from __future__ import annotations
@@ -18,9 +18,17 @@ from pathlib import Path
 
 import optuna
 
-from experiments import runs
-from experiments.search import Search, SearchError, make_pruner, make_sampler, open_storage, recover, write_report
-from experiments.space import SpaceError, load_space
+from lightning_template.search import runs
+from lightning_template.search.search import (
+    Search,
+    SearchError,
+    make_pruner,
+    make_sampler,
+    open_storage,
+    recover,
+    write_report,
+)
+from lightning_template.search.space import SpaceError, load_space
 
 
 class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):

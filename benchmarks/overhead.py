@@ -22,9 +22,9 @@ from pathlib import Path
 import torch
 from lightning import Callback, LightningModule, Trainer
 
-from datamodules import InMemoryImageDataModule
-from models.base import ClassificationModule
-from models.schedule import WarmupSchedule
+from lightning_template.data import InMemoryImageDataModule
+from lightning_template.models.base import ClassificationModule
+from lightning_template.models.schedule import WarmupSchedule
 
 ROOT = Path(__file__).resolve().parents[1]
 

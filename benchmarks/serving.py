@@ -32,8 +32,8 @@ import requests
 import torch
 from PIL import Image
 
-from datamodules.idx import read_idx
-from serving.launch import background_server
+from lightning_template.data.idx import read_idx
+from lightning_template.serving.launch import background_server
 from train import ROOT, TemplateCLI
 
 JOBS = {

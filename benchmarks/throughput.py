@@ -18,7 +18,7 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from benchmarks.overhead import sync
-from models.base import ClassificationModule
+from lightning_template.models.base import ClassificationModule
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -22,10 +22,11 @@ import torch
 from lightning import Callback, Trainer, seed_everything
 from lightning.pytorch.callbacks import ModelCheckpoint
 
-from callbacks import ExactResume, FiniteLossGuard, ResumeCheckpoint, TwoStageFinetuning
 from convert import convert
-from datamodules import FashionMNISTDataModule, ImageFolderDataModule, StreamingImageDataModule
-from models import SimpleCNN
+from lightning_template.callbacks import ExactResume, FiniteLossGuard, ResumeCheckpoint, TwoStageFinetuning
+from lightning_template.data import FashionMNISTDataModule, ImageFolderDataModule
+from lightning_template.models import SimpleCNN
+from lightning_template.streaming import StreamingImageDataModule
 from tests.helpers import SignalAtBatch, StopAfterEpoch
 
 DATA = ("memory-w0", "files-w2", "stream-w2")

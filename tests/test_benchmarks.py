@@ -15,9 +15,9 @@ import pytest
 import torch
 
 from benchmarks.stats import median_ci_ranks, summarize
-from callbacks.exact_resume import seed_all
-from datamodules import FashionMNISTDataModule
-from models import SimpleCNN
+from lightning_template.data import FashionMNISTDataModule
+from lightning_template.models import SimpleCNN
+from lightning_template.resume.exact_resume import seed_all
 
 ROOT = Path(__file__).resolve().parents[1]
 

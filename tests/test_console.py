@@ -10,7 +10,7 @@ import pytest
 import torch
 from lightning.pytorch.callbacks import RichModelSummary, RichProgressBar
 
-from callbacks.console import EpochLines
+from lightning_template.callbacks.console import EpochLines
 from tests.conftest import QUICK, ROOT
 from train import TemplateCLI, main, template_error
 
@@ -49,7 +49,9 @@ def test_errors_print_the_message_without_traceback_and_debug_shows_it(tmp_path:
     assert f"Error: --model.weights {tmp_path / 'bad.pth'}: not a readable torch file" in weights
     assert "Traceback" not in weights and "Union subtypes" not in weights  # the cause, not its wrapper
     no_data = _main(
-        ["fit", *JOB, "--data=datamodules.ImageFolderDataModule", f"--data.root={tmp_path}"], monkeypatch, capsys
+        ["fit", *JOB, "--data=lightning_template.data.ImageFolderDataModule", f"--data.root={tmp_path}"],
+        monkeypatch,
+        capsys,
     )
     assert f"Error: {tmp_path / 'train'} not found. ImageFolderDataModule expects" in no_data
     monkeypatch.setattr(sys, "argv", ["train.py", "fit", *JOB, f"--model.weights={tmp_path / 'bad.pth'}", "--debug"])
@@ -65,7 +67,7 @@ def test_every_option_can_come_from_the_environment(monkeypatch, capsys) -> None
         TemplateCLI(args=["fit", "--print_config", "--trainer.min_epochs=2"])
     printed = capsys.readouterr().out
     assert "  max_epochs: 3\n" in printed and "    dropout: 0.4\n" in printed
-    assert "class_path: models.SimpleCNN" in printed
+    assert "class_path: lightning_template.models.SimpleCNN" in printed
     assert "  min_epochs: 2\n" in printed  # flags still apply
 
 

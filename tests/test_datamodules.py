@@ -14,23 +14,23 @@ import torch
 import torchvision
 from lightning import seed_everything
 
-import datamodules
+import lightning_template.data
+import lightning_template.streaming
 from convert import convert
-from datamodules import (
+from lightning_template.data import (
     CIFAR10DataModule,
     FashionMNISTDataModule,
     ImageFolderDataModule,
     MNISTDataModule,
-    StreamingImageDataModule,
-    StreamingTextDataModule,
     TextClassificationDataModule,
 )
-from datamodules.contract import ClassificationData, ImageData, TextData
-from datamodules.files import DatasetNotFoundError
-from datamodules.idx import ALL_FILES, read_idx
-from datamodules.in_memory import random_crop_flip
-from datamodules.text import BucketSampler
-from models import SimpleCNN
+from lightning_template.data.contract import ClassificationData, ImageData, TextData
+from lightning_template.data.files import DatasetNotFoundError
+from lightning_template.data.idx import ALL_FILES, read_idx
+from lightning_template.data.in_memory import random_crop_flip
+from lightning_template.data.text import BucketSampler
+from lightning_template.models import SimpleCNN
+from lightning_template.streaming import StreamingImageDataModule, StreamingTextDataModule
 
 
 @pytest.fixture(scope="module")
@@ -207,7 +207,9 @@ def test_every_datamodule_meets_the_contract(image_tree: Path, fortunes_dir: Pat
         "StreamingImageDataModule": StreamingImageDataModule(input_dir=str(tmp_path / "images")),
         "StreamingTextDataModule": StreamingTextDataModule(input_dir=str(tmp_path / "text")),
     }
-    assert set(datamodules.__all__) - {"InMemoryImageDataModule"} == set(built)  # the abstract base aside
+    assert set(lightning_template.data.__all__) | set(lightning_template.streaming.__all__) - {
+        "InMemoryImageDataModule"
+    } == set(built)  # the abstract base aside
     for name, datamodule in built.items():
         assert isinstance(datamodule, ClassificationData), name
         assert isinstance(datamodule, ImageData) != isinstance(datamodule, TextData), name

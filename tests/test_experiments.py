@@ -18,8 +18,8 @@ from optuna.trial import TrialState
 
 import multirun
 import tune
-from experiments import runs
-from experiments.space import SpaceError, load_space
+from lightning_template.search import runs
+from lightning_template.search.space import SpaceError, load_space
 from tests.conftest import ROOT, run_cli
 
 JOB = str(ROOT / "configs" / "simple_cnn.yaml")

@@ -13,9 +13,9 @@ from lightning import LightningModule, Trainer, seed_everything
 from lightning.pytorch.callbacks import LearningRateMonitor
 from lightning.pytorch.loggers import TensorBoardLogger
 
-from callbacks import ExactResume, ResumeCheckpoint, TwoStageFinetuning
-from datamodules import FashionMNISTDataModule
-from models import ResNetClassifier, SimpleCNN, TransformerClassifier
+from lightning_template.callbacks import ExactResume, ResumeCheckpoint, TwoStageFinetuning
+from lightning_template.data import FashionMNISTDataModule
+from lightning_template.models import ResNetClassifier, SimpleCNN, TransformerClassifier
 from tests.conftest import ROOT, save_random_weights
 from tests.helpers import StopAfterEpoch, event_tags, same_state
 

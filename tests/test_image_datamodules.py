@@ -12,10 +12,10 @@ import torch
 import torchvision
 from PIL import Image
 
-from datamodules import CIFAR10DataModule, ImageFolderDataModule
-from datamodules.files import DatasetNotFoundError
-from datamodules.idx import read_idx
-from datamodules.image_folder import CorruptImageError, compute_mean_std
+from lightning_template.data import CIFAR10DataModule, ImageFolderDataModule
+from lightning_template.data.files import DatasetNotFoundError
+from lightning_template.data.idx import read_idx
+from lightning_template.data.image_folder import CorruptImageError, compute_mean_std
 
 CLASSES = {0: "tshirt", 1: "trouser", 7: "sneaker"}
 

@@ -10,11 +10,11 @@ import pytest
 import torch
 from torch import nn
 
-import models
-from datamodules import FashionMNISTDataModule, ImageFolderDataModule
-from models import ClassificationModule, ResNetClassifier, SimpleCNN, TransformerClassifier
-from models.pretrained import WeightsError, adapt_input_conv
-from models.schedule import lr_factor
+import lightning_template.models
+from lightning_template.data import FashionMNISTDataModule, ImageFolderDataModule
+from lightning_template.models import ClassificationModule, ResNetClassifier, SimpleCNN, TransformerClassifier
+from lightning_template.models.pretrained import WeightsError, adapt_input_conv
+from lightning_template.models.schedule import lr_factor
 from tests.conftest import save_random_weights
 
 CASES = {
@@ -33,8 +33,9 @@ def _inputs(shape: tuple[int, ...] | None, batch: int = 4) -> torch.Tensor:
 
 def test_every_model_has_a_contract_case() -> None:
     exported = {
-        name for name in models.__all__
-        if isinstance(getattr(models, name), type) and issubclass(getattr(models, name), ClassificationModule)
+        name for name in lightning_template.models.__all__
+        if isinstance(getattr(lightning_template.models, name), type)
+        and issubclass(getattr(lightning_template.models, name), ClassificationModule)
     } - {"ClassificationModule"}  # fmt: skip
     assert exported == {cls.__name__ for cls, _, _ in CASES.values()}
 

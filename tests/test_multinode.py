@@ -21,14 +21,16 @@ import yaml
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from convert import convert
-from datamodules import FashionMNISTDataModule, StreamingImageDataModule
+from lightning_template.data import FashionMNISTDataModule
+from lightning_template.streaming import StreamingImageDataModule
 from tests.conftest import ROOT, run_cli
 from tests.helpers import free_port, max_difference
 
 # 3 classes, about 300 validation images (an odd count: padding to equal shards would repeat one).
+STREAMING = "lightning_template.streaming.StreamingImageDataModule"
 SUBSET = {"classes": [0, 1, 7], "train_samples_per_class": 64, "val_size": 1001}
 TRAIN = [
-    "--config", str(ROOT / "configs/simple_cnn.yaml"), "--data", "datamodules.StreamingImageDataModule",
+    "--config", str(ROOT / "configs/simple_cnn.yaml"), "--data", STREAMING,
     "--data.batch_size=16", "--data.num_workers=1", "--model.dropout=0.25",
     "--trainer.max_epochs=2", "--trainer.limit_train_batches=5", "--trainer.enable_progress_bar=false",
     "--trainer.deterministic=true", "--trainer.strategy=ddp", "--trainer.accelerator=cpu", "--test_after_fit=false",
@@ -103,7 +105,7 @@ def test_torchrun_two_nodes_train_on_shards_and_write_one_run(torchrun_job, stre
     val_samples = StreamingImageDataModule(input_dir=str(stream)).metadata["splits"]["val"]
     assert val_samples % 2 == 1
     single = run_cli(
-        "validate", "--config", str(ROOT / "configs/simple_cnn.yaml"), "--data", "datamodules.StreamingImageDataModule",
+        "validate", "--config", str(ROOT / "configs/simple_cnn.yaml"), "--data", STREAMING,
         f"--data.input_dir={stream}", f"--ckpt_path={checkpoints / 'last.ckpt'}", "--trainer.enable_progress_bar=false",
         "--trainer.logger=false", cwd=workdir,
     )  # fmt: skip

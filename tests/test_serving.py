@@ -17,10 +17,10 @@ import requests
 import torch
 from PIL import Image
 
-from datamodules import ImageFolderDataModule
-from datamodules.idx import read_idx
-from serving.launch import background_server
-from serving.preprocess import ImagePreprocessor
+from lightning_template.data import ImageFolderDataModule
+from lightning_template.data.idx import read_idx
+from lightning_template.serving.launch import background_server
+from lightning_template.serving.preprocess import ImagePreprocessor
 from tests.conftest import ROOT, best_checkpoint
 
 pytestmark = pytest.mark.slow
@@ -155,7 +155,7 @@ def test_the_onnx_request_path_never_imports_torch(image_model: dict) -> None:
     """The API's own hooks run in a process that has not imported torch, and still has not afterwards."""
     script = f"""
 import sys
-from serving.api import ClassifierAPI
+from lightning_template.serving.api import ClassifierAPI
 api = ClassifierAPI({str(image_model["onnx"])!r}, max_batch_size=4)
 api.setup("cpu")
 decoded = [api.decode_request({{"image": {_base64(image_model["pngs"][:1])[0]!r}}})]

@@ -19,14 +19,13 @@ import torch
 from PIL import Image
 
 from convert import convert
-from datamodules import (
+from lightning_template.data import (
     FashionMNISTDataModule,
     ImageFolderDataModule,
-    StreamingImageDataModule,
-    StreamingTextDataModule,
     TextClassificationDataModule,
 )
-from datamodules.streaming import StreamingDataError, decode_image
+from lightning_template.streaming import StreamingImageDataModule, StreamingTextDataModule
+from lightning_template.streaming.datamodules import StreamingDataError, decode_image
 from tests.conftest import QUICK, ROOT, run_cli
 
 SUBSET = {"classes": [0, 1, 7], "train_samples_per_class": 40, "val_size": 300}
@@ -87,7 +86,7 @@ def test_text_round_trip(tmp_path: Path, fortunes_dir: Path) -> None:
 
 @pytest.mark.slow
 def test_fit_and_predict_from_chunks_through_the_cli(tmp_path: Path, fashion_stream: Path) -> None:
-    data = ["--data", "datamodules.StreamingImageDataModule", f"--data.input_dir={fashion_stream}"]
+    data = ["--data", "lightning_template.streaming.StreamingImageDataModule", f"--data.input_dir={fashion_stream}"]
     args = ["--config", str(ROOT / "configs/simple_cnn.yaml"), *data, "--data.augment=true", "--data.batch_size=32"]
     fit = run_cli("fit", *args, *QUICK, "--trainer.max_epochs=2", cwd=tmp_path)
     assert "test accuracy:" in fit.stdout

@@ -10,8 +10,8 @@ import pytest
 import torch
 from PIL import Image
 
-from datamodules import FashionMNISTDataModule
-from models import ResNetClassifier
+from lightning_template.data import FashionMNISTDataModule
+from lightning_template.models import ResNetClassifier
 from tests.conftest import ONE_EPOCH, ROOT, best_checkpoint, run_cli, save_random_weights
 from tests.helpers import event_tags
 from train import TemplateCLI

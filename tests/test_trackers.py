@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from experiments import runs
+from lightning_template.search import runs
 from tests.conftest import QUICK, ROOT
 
 JOB = str(ROOT / "configs" / "simple_cnn.yaml")
@@ -18,7 +18,7 @@ PRESETS = ROOT / "configs" / "presets"
 
 
 def fit(tmp_path: Path, preset: str, *extra: str) -> None:
-    """`train.py fit` in this process (as experiments/ runs it), from `tmp_path`."""
+    """`train.py fit` in this process (as lightning_template/search/ runs it), from `tmp_path`."""
     os.chdir(tmp_path)
     runs.fit(["--config", JOB, "--config", str(PRESETS / preset), *QUICK, "--trainer.max_epochs=1",
               "--test_after_fit=false", *extra])  # fmt: skip

@@ -13,10 +13,10 @@ import torch
 from lightning import seed_everything
 from lightning.pytorch.callbacks import ModelCheckpoint
 
-from datamodules.text import BucketSampler, TextClassificationDataModule, WordTokenizer
-from models import TransformerClassifier
-from models.transformer import MultiHeadSelfAttention
-from serving.launch import background_server
+from lightning_template.data.text import BucketSampler, TextClassificationDataModule, WordTokenizer
+from lightning_template.models import TransformerClassifier
+from lightning_template.models.transformer import MultiHeadSelfAttention
+from lightning_template.serving.launch import background_server
 from tests.conftest import ROOT, run_cli
 
 

@@ -1,0 +1,327 @@
+"""Hyperparameter search with Optuna: a resumable, prunable, parallel study of train.py runs.
+
+The study lives in a database (SQLite by default). Every trial is an ordinary `train.py fit`
+run in `logs/tune/<study>/trial_NNNN/`. Running the same command again continues the study:
+
+- a trial stopped by Ctrl-C or SIGTERM (which saves its last.ckpt) or killed outright is
+  queued again with the same parameters and resumed from its last.ckpt in its own folder
+  (exact resume, so it ends as if never stopped); it is counted once;
+- the budget `--trials` counts finished trials (complete or pruned) of the whole study, so
+  several processes or machines on one storage URL share it without running more.
+
+A trial killed outright (SIGKILL, power loss) stays RUNNING in the database. This machine's own
+dead trials are recognised at the next start (their process is gone); other machines' are
+recognised by Optuna's heartbeat after `grace_period` seconds.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+import os
+import random
+import socket
+import time
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import optuna
+from optuna.storages import RDBStorage
+from optuna.trial import TrialState
+from optuna_integration import PyTorchLightningPruningCallback
+
+from lightning_template.search import runs
+from lightning_template.search.space import Param
+
+HEARTBEAT_S, GRACE_S = 30, 120
+COUNTED = (TrialState.COMPLETE, TrialState.PRUNED)
+NOT_RUN = ("error", "surplus", "duplicate_of")  # FAIL trials that are not re-queued
+
+
+class SearchError(ValueError):
+    pass
+
+
+class _Skip(Exception):  # a trial that must not run: over budget, or a duplicate
+    pass
+
+
+class TrialError(Exception):
+    """A trial's training failed (NaN loss, out of memory, ...): recorded, and the search goes on."""
+
+
+def open_storage(url: str) -> RDBStorage:
+    if url.startswith("sqlite:///"):
+        Path(url.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
+    for attempt in range(10):
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)  # the heartbeat
+                return RDBStorage(url, heartbeat_interval=HEARTBEAT_S, grace_period=GRACE_S)
+        except Exception as err:
+            # Processes started together on a new database race to create its tables: the losers retry.
+            racing = any(word in str(err) for word in ("UNIQUE constraint", "already exists", "locked"))
+            if not racing or attempt == 9:
+                raise SearchError(
+                    f"--storage {url}: cannot be opened ({type(err).__name__}: {str(err).splitlines()[0]}). Use"
+                    " sqlite:///path/to/study.db, or an RDB URL such as postgresql://user:password@host/db whose"
+                    " driver is installed."
+                ) from None
+            time.sleep(0.2 + random.random())
+    raise AssertionError("unreachable")
+
+
+def make_sampler(name: str, params: list[Param], seed: int | None) -> optuna.samplers.BaseSampler:
+    if name == "tpe":
+        return optuna.samplers.TPESampler(seed=seed)
+    if name == "random":
+        return optuna.samplers.RandomSampler(seed=seed)
+    if name == "grid":
+        return optuna.samplers.GridSampler({p.key: p.grid() for p in params}, seed=seed)
+    raise SearchError(f"--sampler {name}: choose tpe, random or grid.")
+
+
+def make_pruner(name: str, warmup_epochs: int) -> optuna.pruners.BasePruner:
+    if name == "median":  # stop a trial whose metric is worse than the median of earlier trials at that epoch
+        return optuna.pruners.MedianPruner(n_startup_trials=2, n_warmup_steps=warmup_epochs)
+    if name == "none":
+        return optuna.pruners.NopPruner()
+    raise SearchError(f"--pruner {name}: choose median or none.")
+
+
+def _process_token(pid: int) -> str:
+    """pid and start time (Linux /proc), so a reused pid is not taken for the process that died."""
+    try:
+        return f"{pid}:{Path(f'/proc/{pid}/stat').read_text().rsplit(')', 1)[1].split()[19]}"
+    except (OSError, IndexError):
+        return f"{pid}:"
+
+
+def _process_alive(token: str) -> bool:
+    pid = int(token.split(":")[0])
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return _process_token(pid) == token
+
+
+def recover(study: optuna.Study, storage: RDBStorage) -> None:
+    """Fail this machine's trials whose process died, then queue every interrupted trial once more."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        optuna.storages.fail_stale_trials(study)  # other machines' trials whose heartbeat stopped
+    host, me = socket.gethostname(), _process_token(os.getpid())
+    for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        attrs = trial.user_attrs
+        if attrs.get("host") == host and attrs.get("process", me) != me and not _process_alive(attrs["process"]):
+            storage.set_trial_user_attr(trial._trial_id, "interrupted", "process died")
+            storage.set_trial_state_values(trial._trial_id, state=TrialState.FAIL)
+    trials = study.get_trials(deepcopy=False)
+    requeued = {t.user_attrs.get("resumes") for t in trials}
+    for trial in trials:
+        if (
+            trial.state == TrialState.FAIL
+            and trial.params  # it ran (a trial killed before sampling left nothing to redo)
+            and not any(key in trial.user_attrs for key in NOT_RUN)
+            and trial.number not in requeued
+        ):
+            attrs = {"resumes": trial.number, "folder": trial.user_attrs.get("folder", f"trial_{trial.number:04d}")}
+            if "run" in trial.user_attrs:
+                attrs["run"] = trial.user_attrs["run"]  # where its last.ckpt and tracker run are
+            study.enqueue_trial(trial.params, user_attrs=attrs)
+
+
+@dataclass
+class Search:
+    """What every trial shares: the flags of the job, the space, the budget and where runs go."""
+
+    study: optuna.Study
+    job_flags: list[str]  # --config=...: the job
+    extra_flags: list[str]  # any other train.py flags given to every trial (e.g. a shorter budget)
+    params: list[Param]
+    trials: int
+    group: str  # runs go to <save_dir>/<group>/<folder>/ (TensorBoard, CSV) or are named so (MLflow, W&B)
+    monitor: str
+    storage: RDBStorage
+
+    @property
+    def base_flags(self) -> list[str]:
+        return [*self.job_flags, *self.extra_flags]
+
+    def budget_left(self) -> int:
+        states = (*COUNTED, TrialState.RUNNING)
+        return self.trials - len(self.study.get_trials(deepcopy=False, states=states))
+
+    def objective(self, trial: optuna.Trial) -> float:
+        trial.set_user_attr("host", socket.gethostname())
+        trial.set_user_attr("process", _process_token(os.getpid()))
+        earlier = [
+            t for t in self.study.get_trials(deepcopy=False, states=(*COUNTED, TrialState.RUNNING))
+            if t.number < trial.number
+        ]  # fmt: skip
+        if len(earlier) >= self.trials:  # another process took the last slot first
+            trial.set_user_attr("surplus", True)
+            raise _Skip
+        values = {p.key: p.suggest(trial) for p in self.params}
+        for other in self.study.get_trials(deepcopy=False, states=(*COUNTED, TrialState.RUNNING)):
+            if other.number != trial.number and other.params == values:
+                trial.set_user_attr("duplicate_of", other.number)
+                raise _Skip
+        folder = trial.user_attrs.get("folder", f"trial_{trial.number:04d}")
+        trial.set_user_attr("folder", folder)
+        flags = [*self.base_flags, *(runs.flag(k, v) for k, v in values.items())]
+        flags += runs.logger_flags(flags, self.group, folder)
+        flags += runs.resume_flags(trial.user_attrs.get("run"), flags)  # an interrupted trial continues
+        callbacks = [
+            PyTorchLightningPruningCallback(trial, monitor=self.monitor),
+            runs.RunStarted(lambda record: trial.set_user_attr("run", record)),
+        ]
+        try:
+            result = runs.fit(flags, callbacks=callbacks)
+        except (optuna.TrialPruned, runs.Interrupted):  # pruned; or stopped, and queued again next time
+            raise
+        except Exception as err:
+            message = f"{type(err).__name__}: {err}"
+            trial.set_user_attr("error", message[:500])
+            if "run" not in trial.user_attrs:  # failed while building the run: a setting, not bad luck
+                raise SearchError(f"trial {trial.number} failed before training started:\n{message}") from None
+            raise TrialError(f"trial {trial.number}: {message}") from err
+        trial.set_user_attr("metrics", result.metrics)
+        if not math.isfinite(result.best_score):
+            trial.set_user_attr("error", f"no finite {self.monitor} (did validation run?)")
+            raise TrialError(f"trial {trial.number}: no finite {self.monitor}")
+        return result.best_score
+
+    def run(self, on_trial_end: Callable[[], None] | None = None) -> None:
+        duplicates_in_a_row = failures_in_a_row = 0
+        sampler = self.study.sampler
+        while self.budget_left() > 0 and duplicates_in_a_row < 20:
+            recover(self.study, self.storage)  # e.g. a trial another process left behind
+            waiting = self.study.get_trials(deepcopy=False, states=(TrialState.WAITING,))
+            grid = isinstance(sampler, optuna.samplers.GridSampler)
+            if grid and not waiting and sampler.is_exhausted(self.study):
+                print("The grid is exhausted.", flush=True)
+                break
+            before = len(self.study.trials)
+            self.study.optimize(self.objective, n_trials=1, catch=(_Skip, TrialError), gc_after_trial=True)
+            trial = self.study.trials[before] if len(self.study.trials) > before else None
+            if trial is not None and "surplus" in trial.user_attrs:
+                break
+            duplicates_in_a_row = duplicates_in_a_row + 1 if trial and "duplicate_of" in trial.user_attrs else 0
+            failures_in_a_row = failures_in_a_row + 1 if trial and "error" in trial.user_attrs else 0
+            if failures_in_a_row == 3:
+                raise SearchError(f"3 trials in a row failed, the last with: {trial.user_attrs['error']}")
+            if on_trial_end is not None:
+                on_trial_end()
+        if duplicates_in_a_row >= 20:
+            print("The sampler keeps proposing parameters already run: the space is exhausted.", flush=True)
+
+
+def trial_rows(study: optuna.Study) -> list[dict[str, Any]]:
+    """One row per trial that ran: number, state, value, parameters, epochs, time and folder."""
+    rows = []
+    resumed_by = {t.user_attrs["resumes"]: t.number for t in study.trials if "resumes" in t.user_attrs}
+    for t in study.trials:
+        if "surplus" in t.user_attrs or "duplicate_of" in t.user_attrs:
+            continue
+        state = t.state.name.lower()
+        if t.number in resumed_by:
+            state = f"interrupted, resumed as #{resumed_by[t.number]}"
+        elif "error" in t.user_attrs:
+            state = "failed: " + " ".join(t.user_attrs["error"].split())[:80]
+        duration = (t.datetime_complete - t.datetime_start).total_seconds() if t.datetime_complete else None
+        rows.append(
+            {
+                "trial": t.number,
+                "state": state,
+                "value": t.value,
+                **t.params,
+                "epochs": max(t.intermediate_values) + 1 if t.intermediate_values else "",
+                "seconds": round(duration, 1) if duration is not None else "",
+                "folder": t.user_attrs.get("folder", ""),
+            }
+        )
+    return rows
+
+
+def _cell(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return "" if value is None else str(value).replace("|", "/")
+
+
+def write_report(study: optuna.Study, search: Search, out: Path, final: bool = True) -> Path | None:
+    """results.csv and results.md in `out`; if `final`, best.yaml and plots/*.png too (returns best.yaml)."""
+    out.mkdir(parents=True, exist_ok=True)
+    rows = trial_rows(study)
+    columns = ["trial", "state", "value", *(p.key for p in search.params), "epochs", "seconds", "folder"]
+    _atomic_write(out / "results.csv", lambda f: _write_csv(f, columns, rows))
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    lines += ["| " + " | ".join(_cell(row.get(c)) for c in columns) + " |" for row in rows]
+    _atomic_write(out / "results.md", lambda f: f.write("\n".join(lines) + "\n"))
+    complete = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+    if not (final and complete):
+        return None
+    best = study.best_trial
+    kept = runs.without_budget(search.extra_flags)
+    flags = [*search.job_flags, *kept, *(runs.flag(k, v) for k, v in best.params.items())]
+    path = out / f"{study.study_name}_best.yaml"  # its runs are named after the file: logs/<study>_best/
+    header = (
+        f"# Best trial of study '{study.study_name}': #{best.number}, {search.monitor} = {best.value:.4f}"
+        f" (run: {best.user_attrs.get('run', {}).get('run_dir', best.user_attrs.get('folder'))}).\n"
+        f"# The job ({', '.join(f.removeprefix('--config=') for f in search.job_flags)}) with the best parameters;"
+        f" the search's budget flags are left out: {' '.join(sorted(set(search.extra_flags) - set(kept))) or 'none'}\n"
+        f"# python train.py fit --config {path}\n"
+    )
+    body = runs.job_config_yaml(flags)
+    _atomic_write(path, lambda f: f.write(header + body))
+    _plots(study, out / "plots")
+    return path
+
+
+def _write_csv(f: Any, columns: list[str], rows: list[dict[str, Any]]) -> None:
+    writer = csv.DictWriter(f, fieldnames=columns, extrasaction="ignore")
+    writer.writeheader()
+    writer.writerows(rows)
+
+
+def _atomic_write(path: Path, write: Callable[[Any], None]) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with tmp.open("w", newline="") as f:
+        write(f)
+    tmp.replace(path)
+
+
+def _plots(study: optuna.Study, folder: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from optuna.visualization import matplotlib as vis
+
+    folder.mkdir(parents=True, exist_ok=True)
+    complete = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+    plots = {"optimization_history": vis.plot_optimization_history, "parallel_coordinate": vis.plot_parallel_coordinate}
+    if len(complete) >= 2:  # importance needs a spread of results
+        plots["param_importances"] = lambda s: vis.plot_param_importances(
+            s, evaluator=optuna.importance.PedAnovaImportanceEvaluator()
+        )
+    for name, plot in plots.items():
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # the matplotlib backend is marked experimental
+                axes = plot(study)
+        except (ValueError, RuntimeError) as err:  # e.g. too few distinct values to rank importances
+            print(f"plot {name} skipped: {err}", flush=True)
+            continue
+        figure = axes.figure if hasattr(axes, "figure") else axes.flat[0].figure
+        figure.set_size_inches(9, 5.5)
+        figure.tight_layout()
+        figure.savefig(folder / f"{name}.png", dpi=100)
+        plt.close(figure)

@@ -1,0 +1,99 @@
+"""What runs the network: a Lightning checkpoint in torch, or an exported ONNX file in onnxruntime.
+
+Both take the preprocessed numpy batch and return class probabilities as numpy, so the API
+is the same for both. Nothing here imports torch at module level: the ONNX backend never does.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+
+from lightning_template.serving.preprocess import softmax
+
+SPEC_KEY = "serving"  # where lightning_template.callbacks.ServingSpec stores the input spec in a checkpoint
+SPEC_FILE = "serving.json"  # where export.py writes it next to net.onnx
+
+
+class Backend(Protocol):
+    spec: dict[str, Any]
+
+    def __call__(self, inputs: np.ndarray) -> np.ndarray:
+        """Probabilities [N, classes] for a preprocessed batch."""
+        ...
+
+
+class TorchBackend:
+    """A checkpoint of this template: the LightningModule class named in it, its weights (averaged ones when
+    weight averaging was on: they are what a checkpoint's `state_dict` holds), in eval mode."""
+
+    def __init__(self, ckpt_path: str | Path, device: str = "cpu") -> None:
+        import torch
+        from lightning import LightningModule
+
+        self.torch, self.device = torch, torch.device(device)
+        try:
+            checkpoint = torch.load(ckpt_path, map_location="cpu", weights_only=True)
+        except Exception as err:  # a truncated or foreign file: torch says why
+            reason = str(err).strip().splitlines()[0][:200]
+            raise ValueError(
+                f"{ckpt_path}: not a readable PyTorch checkpoint ({type(err).__name__}: {reason})."
+            ) from None
+        self.spec = checkpoint.get(SPEC_KEY)
+        if self.spec is None:
+            raise ValueError(
+                f"{ckpt_path} has no input spec ('{SPEC_KEY}'); it was written before serving existed or outside"
+                " train.py. Retrain with train.py, or add lightning_template.callbacks.ServingSpec to the Trainer."
+            )
+        hparams = dict(checkpoint.get("hyper_parameters", {}))
+        class_path = str(hparams.pop("_class_path", ""))
+        module_name, _, class_name = class_path.rpartition(".")
+        # Only this project's models: the class path comes from the file, and a checkpoint must not be
+        # able to make the server import or call anything else.
+        if not module_name.startswith("lightning_template.models"):
+            raise ValueError(f"{ckpt_path}: the model class {class_path!r} is not one of lightning_template.models.")
+        model_class = getattr(importlib.import_module(module_name), class_name, None)
+        if not (isinstance(model_class, type) and issubclass(model_class, LightningModule)):
+            raise ValueError(f"{ckpt_path}: {class_path!r} is not a LightningModule of lightning_template/models/.")
+        hparams = {k: v for k, v in hparams.items() if not k.startswith("_")}
+        if "weights" in hparams:
+            hparams["weights"] = None  # the checkpoint's weights replace them: do not read the original file
+        self.model = model_class(**hparams)
+        self.model.load_state_dict(checkpoint["state_dict"])
+        self.model.eval().to(self.device)
+
+    def __call__(self, inputs: np.ndarray) -> np.ndarray:
+        with self.torch.inference_mode():
+            logits = self.model(self.torch.from_numpy(inputs).to(self.device))
+            return logits.softmax(dim=-1).float().cpu().numpy()  # as the model's predict_step
+
+
+class OnnxBackend:
+    """An ONNX file written by export.py, with the `serving.json` next to it."""
+
+    def __init__(self, onnx_path: str | Path, device: str = "cpu") -> None:
+        import onnxruntime
+
+        onnx_path = Path(onnx_path)
+        spec_path = onnx_path.with_name(SPEC_FILE)
+        if not spec_path.is_file():
+            raise FileNotFoundError(f"{spec_path} not found: export.py writes it next to {onnx_path.name}.")
+        self.spec = json.loads(spec_path.read_text())
+        providers = ["CUDAExecutionProvider", "CPUExecutionProvider"] if device.startswith("cuda") else None
+        self.session = onnxruntime.InferenceSession(str(onnx_path), providers=providers or ["CPUExecutionProvider"])
+        self.input_name = self.session.get_inputs()[0].name
+
+    def __call__(self, inputs: np.ndarray) -> np.ndarray:
+        return softmax(self.session.run(None, {self.input_name: inputs})[0]).astype(np.float32)
+
+
+def load_backend(model_path: str | Path, device: str = "cpu") -> Backend:
+    """TorchBackend for a checkpoint (.ckpt), OnnxBackend for an .onnx file."""
+    path = Path(model_path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: no such file. Give a checkpoint (.ckpt) or an exported net.onnx.")
+    return OnnxBackend(path, device) if path.suffix == ".onnx" else TorchBackend(path, device)

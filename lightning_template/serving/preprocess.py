@@ -1,0 +1,185 @@
+"""Request inputs -> model inputs, from the checkpoint's input spec, with numpy and PIL only.
+
+The spec is written into every checkpoint at training time by the datamodule that trained
+it (`serving_spec()`, saved by `lightning_template.callbacks.ServingSpec`) and next to an exported ONNX file as
+`serving.json`. It states what the evaluation pipeline did (size, resize/crop, normalization,
+the tokenizer's vocabulary and rules), so a served model sees its inputs exactly as `predict`
+did, without the training data and without torch: the ONNX backend never imports it.
+
+Anything a client can get wrong raises `BadInput`, which the server answers with a 4xx.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import io
+import re
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+from PIL import Image
+
+MAX_PIXELS = 40_000_000  # refuse larger images before decoding them (PIL's own bomb guard is at 179 MP)
+EIGHT_BIT_MODES = ("L", "LA", "RGB", "RGBA")
+
+
+class BadInput(ValueError):
+    """A request the server refuses, with the HTTP status and a message for the client."""
+
+    def __init__(self, message: str, status: int = 400) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class ImagePreprocessor:
+    """Image file bytes -> float32 [N, C, H, W], normalized as the datamodule's evaluation pipeline."""
+
+    field = "images"
+
+    def __init__(self, spec: dict[str, Any]) -> None:
+        self.channels = spec["channels"]
+        self.convert: str | None = spec.get("convert")  # a mode every image is converted to (file datasets)
+        self.size: tuple[int, int] | None = tuple(spec["size"]) if spec.get("size") else None  # required H, W
+        self.resize: int | None = spec.get("resize")  # short side, before a center crop of `crop`
+        self.crop: int | None = spec.get("crop")
+        std = np.asarray(spec["std"], dtype=np.float32).reshape(-1, 1, 1)
+        mean = np.asarray(spec["mean"], dtype=np.float32).reshape(-1, 1, 1)
+        # uint8 -> (x / 255 - mean) / std as one multiply-add, as the in-memory datamodules do on the device.
+        self.scale, self.shift = (1 / (255.0 * std)).astype(np.float32), (-mean / std).astype(np.float32)
+
+    def describe(self) -> str:
+        channels = {1: "grayscale (1-channel)", 3: "RGB"}.get(self.channels, f"{self.channels}-channel")
+        if self.size:
+            return f"{channels} images of {self.size[1]}x{self.size[0]} pixels, as image files (PNG, JPEG, ...)"
+        return "image files (PNG, JPEG, ...) of any size"
+
+    def decode(self, data: bytes, index: int) -> np.ndarray:
+        try:
+            with Image.open(io.BytesIO(data)) as opened:
+                self._check_size(opened.size, index)  # from the header, before decoding any pixel
+                image = self._to_model_mode(opened, index)
+        except BadInput:
+            raise
+        except Exception as err:  # PIL raises many types for bad files
+            raise BadInput(f"input {index}: not an image file PIL can decode ({type(err).__name__}).") from None
+        channels = len(image.getbands())
+        if channels != self.channels:
+            raise BadInput(
+                f"input {index}: {image.mode} image with {channels} channel(s); this model takes {self.describe()}."
+            )
+        if self.resize:
+            image = image.resize(resized_size(image.size, self.resize), Image.Resampling.BILINEAR)
+        if self.crop:
+            image = center_crop(image, self.crop)
+        array = np.asarray(image, dtype=np.uint8)
+        array = array[None] if array.ndim == 2 else array.transpose(2, 0, 1)
+        return array.astype(np.float32) * self.scale + self.shift
+
+    def _check_size(self, size: tuple[int, int], index: int) -> None:
+        width, height = size
+        if self.size and (height, width) != self.size:
+            raise BadInput(
+                f"input {index}: {width}x{height} pixels; this model takes {self.describe()}."
+                " Resize it as the training data was."
+            )
+        if width * height > MAX_PIXELS:
+            raise BadInput(f"input {index}: {width}x{height} pixels, more than {MAX_PIXELS:,}.", status=413)
+
+    def _to_model_mode(self, image: Image.Image, index: int) -> Image.Image:
+        """The image as training read it: converted to `convert` (file datasets convert every file), else an
+        8-bit image of the model's channel count, palette and 1-bit images expanded, equal RGB bands as gray."""
+        if self.convert:
+            return image.convert(self.convert)
+        if image.mode in ("1", "P"):
+            image = image.convert("RGBA" if "transparency" in image.info else "RGB")
+        if image.mode not in EIGHT_BIT_MODES:
+            raise BadInput(f"input {index}: {image.mode} pixels (16-bit, 32-bit or float); send an 8-bit image.")
+        if self.channels == 1 and image.mode == "RGB":
+            pixels = np.asarray(image)
+            if (pixels == pixels[..., :1]).all():  # a grayscale picture saved as RGB
+                return Image.fromarray(np.ascontiguousarray(pixels[..., 0]))
+        return image.copy()
+
+    def collate(self, inputs: Sequence[np.ndarray]) -> np.ndarray:
+        return np.stack(inputs)
+
+    def from_json(self, value: Any, index: int) -> np.ndarray:
+        if not isinstance(value, str):
+            raise BadInput(f"input {index}: expected a base64-encoded image file as a string.")
+        try:
+            data = base64.b64decode(value, validate=True)
+        except (binascii.Error, ValueError):
+            raise BadInput(f"input {index}: not valid base64.") from None
+        return self.decode(data, index)
+
+    def from_upload(self, data: bytes, index: int) -> np.ndarray:
+        return self.decode(data, index)
+
+
+def resized_size(size: tuple[int, int], short_side: int) -> tuple[int, int]:
+    """(width, height) with the short side at `short_side`, as torchvision's Resize(int) computes it."""
+    width, height = size
+    short, long = (width, height) if width <= height else (height, width)
+    new_short, new_long = short_side, int(short_side * long / short)
+    return (new_short, new_long) if width <= height else (new_long, new_short)
+
+
+def center_crop(image: Image.Image, side: int) -> Image.Image:
+    """The central `side` x `side` pixels, rounded as torchvision's CenterCrop."""
+    top, left = round((image.height - side) / 2.0), round((image.width - side) / 2.0)
+    return image.crop((left, top, left + side, top + side))
+
+
+class TextPreprocessor:
+    """Texts -> int64 token ids [N, longest], padded: the checkpoint's word tokenizer."""
+
+    field = "texts"
+
+    def __init__(self, spec: dict[str, Any]) -> None:
+        self.ids = {word: i for i, word in enumerate(spec["vocab"])}
+        self.pattern = re.compile(spec["token_pattern"])
+        self.lowercase = spec["lowercase"]
+        self.max_length, self.pad_id, self.unk_id = spec["max_length"], spec["pad_id"], spec["unk_id"]
+        self.max_chars = spec.get("max_chars", 100_000)
+
+    def describe(self) -> str:
+        return "texts (non-empty strings)"
+
+    def from_json(self, value: Any, index: int) -> list[int]:
+        if not isinstance(value, str):
+            raise BadInput(f"input {index}: expected a string, got {type(value).__name__}.")
+        if not value.strip():
+            raise BadInput(f"input {index}: empty text.")
+        if len(value) > self.max_chars:
+            raise BadInput(f"input {index}: {len(value)} characters, more than {self.max_chars}.", status=413)
+        words = self.pattern.findall(value.lower() if self.lowercase else value)
+        return [self.ids.get(word, self.unk_id) for word in words][: self.max_length] or [self.unk_id]
+
+    def from_upload(self, data: bytes, index: int) -> list[int]:
+        try:
+            return self.from_json(data.decode("utf-8"), index)
+        except UnicodeDecodeError:
+            raise BadInput(f"input {index}: not UTF-8 text.") from None
+
+    def collate(self, inputs: Sequence[list[int]]) -> np.ndarray:
+        tokens = np.full((len(inputs), max(map(len, inputs))), self.pad_id, dtype=np.int64)
+        for row, ids in enumerate(inputs):
+            tokens[row, : len(ids)] = ids
+        return tokens
+
+
+Preprocessor = ImagePreprocessor | TextPreprocessor
+
+
+def preprocessor(spec: dict[str, Any]) -> Preprocessor:
+    kinds = {"image": ImagePreprocessor, "text": TextPreprocessor}
+    if spec.get("kind") not in kinds:
+        raise ValueError(f"unknown input kind {spec.get('kind')!r} in the serving spec; expected one of {list(kinds)}.")
+    return kinds[spec["kind"]](spec)
+
+
+def softmax(logits: np.ndarray) -> np.ndarray:
+    shifted = np.exp(logits - logits.max(axis=-1, keepdims=True))
+    return shifted / shifted.sum(axis=-1, keepdims=True)
