@@ -154,5 +154,5 @@ def test_a_model_breaking_the_step_output_contract_is_told_what_is_missing(quick
         def validation_step(self, batch, batch_idx):
             return self.loss_fn(self(batch[0]), batch[1])
 
-    with pytest.warns(UserWarning, match=r"no confusion matrix .* does not return lightning_template.models.base.EvalOutput"):
+    with pytest.warns(UserWarning, match=r"no confusion matrix .* does not return .*models.base.EvalOutput"):
         quick_trainer(callbacks=[ConfusionMatrixImage()]).fit(LossOnly(), datamodule=FashionMNISTDataModule())
