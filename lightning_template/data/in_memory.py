@@ -17,6 +17,7 @@ from lightning.pytorch.utilities import rank_zero_info
 from torch.utils.data import DataLoader, Dataset
 
 from lightning_template.data.folds import check_fold, fold_split
+from lightning_template.data.input_spec import center_crop_box, normalization
 from lightning_template.resume.sampling import SplitLoaders, make_loader
 
 Batch = tuple[torch.Tensor, torch.Tensor]
@@ -67,8 +68,8 @@ def random_crop_flip(images: torch.Tensor, padding: int, flip: bool, size: int |
 
 
 def center_crop(images: torch.Tensor, size: int) -> torch.Tensor:
-    top, left = (images.shape[-2] - size) // 2, (images.shape[-1] - size) // 2
-    return images[..., top : top + size, left : left + size]
+    left, top, right, bottom = center_crop_box(images.shape[-1], images.shape[-2], size)
+    return images[..., top:bottom, left:right]
 
 
 class DeviceImageTransforms:
@@ -113,8 +114,8 @@ class DeviceImageTransforms:
         # the instance (not in a functools.cache, which would keep every datamodule alive).
         cache = self.__dict__.setdefault("_affine_cache", {})
         if device not in cache:
-            mean, std = torch.tensor(self.mean).view(1, -1, 1, 1), torch.tensor(self.std).view(1, -1, 1, 1)
-            cache[device] = (1 / (255.0 * std)).to(device), (-mean / std).to(device)
+            scale, shift = normalization(self.mean, self.std)
+            cache[device] = torch.from_numpy(scale).to(device), torch.from_numpy(shift).to(device)
         return cache[device]
 
 

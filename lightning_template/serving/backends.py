@@ -13,9 +13,9 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from lightning_template.data.input_spec import SPEC_KEY
 from lightning_template.serving.preprocess import softmax
 
-SPEC_KEY = "serving"  # where lightning_template.callbacks.ServingSpec stores the input spec in a checkpoint
 SPEC_FILE = "serving.json"  # where export.py writes it next to net.onnx
 
 

@@ -21,6 +21,8 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
+from lightning_template.data.input_spec import center_crop, normalization, resized_size, split_words
+
 MAX_PIXELS = 40_000_000  # refuse larger images before decoding them (PIL's own bomb guard is at 179 MP)
 EIGHT_BIT_MODES = ("L", "LA", "RGB", "RGBA")
 
@@ -44,10 +46,9 @@ class ImagePreprocessor:
         self.size: tuple[int, int] | None = tuple(spec["size"]) if spec.get("size") else None  # required H, W
         self.resize: int | None = spec.get("resize")  # short side, before a center crop of `crop`
         self.crop: int | None = spec.get("crop")
-        std = np.asarray(spec["std"], dtype=np.float32).reshape(-1, 1, 1)
-        mean = np.asarray(spec["mean"], dtype=np.float32).reshape(-1, 1, 1)
         # uint8 -> (x / 255 - mean) / std as one multiply-add, as the in-memory datamodules do on the device.
-        self.scale, self.shift = (1 / (255.0 * std)).astype(np.float32), (-mean / std).astype(np.float32)
+        scale, shift = normalization(spec["mean"], spec["std"])
+        self.scale, self.shift = scale[0], shift[0]
 
     def describe(self) -> str:
         channels = {1: "grayscale (1-channel)", 3: "RGB"}.get(self.channels, f"{self.channels}-channel")
@@ -118,20 +119,6 @@ class ImagePreprocessor:
         return self.decode(data, index)
 
 
-def resized_size(size: tuple[int, int], short_side: int) -> tuple[int, int]:
-    """(width, height) with the short side at `short_side`, as torchvision's Resize(int) computes it."""
-    width, height = size
-    short, long = (width, height) if width <= height else (height, width)
-    new_short, new_long = short_side, int(short_side * long / short)
-    return (new_short, new_long) if width <= height else (new_long, new_short)
-
-
-def center_crop(image: Image.Image, side: int) -> Image.Image:
-    """The central `side` x `side` pixels, rounded as torchvision's CenterCrop."""
-    top, left = round((image.height - side) / 2.0), round((image.width - side) / 2.0)
-    return image.crop((left, top, left + side, top + side))
-
-
 class TextPreprocessor:
     """Texts -> int64 token ids [N, longest], padded: the checkpoint's word tokenizer."""
 
@@ -154,7 +141,7 @@ class TextPreprocessor:
             raise BadInput(f"input {index}: empty text.")
         if len(value) > self.max_chars:
             raise BadInput(f"input {index}: {len(value)} characters, more than {self.max_chars}.", status=413)
-        words = self.pattern.findall(value.lower() if self.lowercase else value)
+        words = split_words(value, self.pattern, self.lowercase)
         return [self.ids.get(word, self.unk_id) for word in words][: self.max_length] or [self.unk_id]
 
     def from_upload(self, data: bytes, index: int) -> list[int]:

@@ -33,9 +33,9 @@ from PIL import Image
 from torch.utils.data import DataLoader, Dataset, default_collate
 
 from lightning_template.data.in_memory import DeviceImageTransforms
+from lightning_template.data.input_spec import center_crop, resized_size
 from lightning_template.data.text import PadCollate
 from lightning_template.resume.sampling import SplitLoaders, derive_seed, global_seed, make_loader, world
-from lightning_template.serving.preprocess import center_crop, resized_size
 
 # LitData shards its IterableDataset across workers and ranks itself, so its length is right.
 warnings.filterwarnings("ignore", message="Your `IterableDataset` has `__len__` defined", category=UserWarning)
