@@ -14,7 +14,7 @@ from pathlib import Path
 
 import requests
 
-SERVE = Path(__file__).resolve().parents[1] / "serve.py"
+SERVE = Path(__file__).resolve().parents[2] / "serve.py"
 
 
 def free_port() -> int:
