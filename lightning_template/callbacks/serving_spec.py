@@ -7,7 +7,7 @@ from typing import Any
 from lightning import Callback, LightningModule, Trainer
 
 from lightning_template.data.contract import ServableData
-from lightning_template.data.input_spec import SPEC_KEY
+from lightning_template.input_spec import SPEC_KEY
 
 
 class ServingSpec(Callback):

@@ -17,7 +17,7 @@ from lightning.pytorch.utilities import rank_zero_info
 from torch.utils.data import DataLoader, Dataset
 
 from lightning_template.data.folds import check_fold, fold_split
-from lightning_template.data.input_spec import center_crop_box, normalization
+from lightning_template.input_spec import center_crop_box, normalization
 from lightning_template.resume.sampling import SplitLoaders, make_loader
 
 Batch = tuple[torch.Tensor, torch.Tensor]

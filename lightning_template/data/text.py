@@ -28,7 +28,7 @@ from lightning import LightningDataModule, Trainer
 from torch.utils.data import DataLoader, Dataset
 
 from lightning_template.data.folds import check_fold, fold_split
-from lightning_template.data.input_spec import TOKEN_PATTERN, split_words
+from lightning_template.input_spec import TOKEN_PATTERN, split_words
 from lightning_template.resume.sampling import EpochSampler, SplitLoaders, global_seed, make_loader
 
 class WordTokenizer:
@@ -319,7 +319,7 @@ class TextClassificationDataModule(SplitLoaders, LightningDataModule):
         return [self.predict_texts[i] for i in indices]
 
     def serving_spec(self) -> dict[str, Any]:
-        """How a served model reads a text: this tokenizer's vocabulary and rules (data/input_spec.py)."""
+        """How a served model reads a text: this tokenizer's vocabulary and rules (input_spec.py)."""
         tokenizer = self.tokenizer
         return {
             "kind": "text", "class_names": list(self.class_names), "vocab": tokenizer.vocab,

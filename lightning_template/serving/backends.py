@@ -13,7 +13,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from lightning_template.data.input_spec import SPEC_KEY
+from lightning_template.input_spec import SPEC_KEY
 from lightning_template.serving.preprocess import softmax
 
 SPEC_FILE = "serving.json"  # where export.py writes it next to net.onnx

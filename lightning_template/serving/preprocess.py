@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
-from lightning_template.data.input_spec import center_crop, normalization, resized_size, split_words
+from lightning_template.input_spec import center_crop, normalization, resized_size, split_words
 
 MAX_PIXELS = 40_000_000  # refuse larger images before decoding them (PIL's own bomb guard is at 179 MP)
 EIGHT_BIT_MODES = ("L", "LA", "RGB", "RGBA")

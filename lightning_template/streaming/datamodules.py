@@ -33,8 +33,8 @@ from PIL import Image
 from torch.utils.data import DataLoader, Dataset, default_collate
 
 from lightning_template.data.in_memory import DeviceImageTransforms
-from lightning_template.data.input_spec import center_crop, resized_size
 from lightning_template.data.text import PadCollate
+from lightning_template.input_spec import center_crop, resized_size
 from lightning_template.resume.sampling import SplitLoaders, derive_seed, global_seed, make_loader, world
 
 # LitData shards its IterableDataset across workers and ranks itself, so its length is right.
