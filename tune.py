@@ -22,6 +22,7 @@ from experiments import runs
 from experiments.search import (
     Search,
     SearchError,
+    check_choices,
     check_settings,
     make_pruner,
     make_sampler,
@@ -83,6 +84,7 @@ def main(argv: list[str] | None = None) -> None:
             direction="maximize" if mode == "max" else "minimize",
             load_if_exists=True,
         )
+        check_choices(study, params, args.search)
         check_settings(study, storage_url, [*job_flags, *train_flags], params)
     except (SpaceError, SearchError, runs.FlagError) as err:
         sys.exit(f"tune.py: {err}")

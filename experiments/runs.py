@@ -11,7 +11,7 @@ import os
 import subprocess
 import sys
 import warnings
-from collections.abc import Callable, Collection, Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -137,13 +137,13 @@ def _flatten(tree: dict[str, Any], prefix: str = "") -> Iterator[tuple[str, Any]
             yield setting_key(f"{prefix}{key}"), value
 
 
-def settings(flags: list[str], leave_out: Collection[str] = ()) -> dict[str, Any]:
+def settings(flags: list[str]) -> dict[str, Any]:
     """What a run of `train.py fit <flags>` is: its resolved config (the config files' contents, not their
-    names) as `key: value`, without console-only keys and `leave_out`. Stored with runs and studies so
-    that a rerun with other flags is refused instead of counting other runs as its own."""
+    names) as `key: value`, without console-only keys. Stored with runs and studies so that a rerun with
+    other flags is refused instead of counting other runs as its own."""
     cli = parse(flags)
     tree = yaml.safe_load(cli.parser.dump(cli.config))
-    return {k: v for k, v in _flatten(tree) if k not in CONSOLE_KEYS and k not in leave_out}
+    return {k: v for k, v in _flatten(tree) if k not in CONSOLE_KEYS}
 
 
 def differences(before: dict[str, Any], now: dict[str, Any]) -> str:

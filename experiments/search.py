@@ -94,18 +94,35 @@ def make_pruner(name: str, warmup_epochs: int) -> optuna.pruners.BasePruner:
 
 
 def check_settings(study: optuna.Study, storage_url: str, flags: list[str], params: list[Param]) -> None:
-    """A study's trials all run with one set of train.py settings (the searched keys aside): recorded by
-    its first run, and a run with other flags or config contents is refused, naming what changed."""
-    now = runs.settings(flags, leave_out={runs.setting_key(p.key) for p in params})
+    """A study's trials all run with one set of train.py settings (the searched keys aside): recorded until
+    its first trial, then a run with other flags or config contents is refused, naming what changed."""
+    now = runs.settings(flags)
     before = study.user_attrs.get("settings")
-    if before is None:  # a new study (or one from before settings were recorded: it keeps its trials)
+    if before is None or not study.get_trials(deepcopy=False):  # new (or from before settings were recorded)
         study.set_user_attr("settings", now)
-    elif before != now:
+        return
+    searched = {runs.setting_key(p.key) for p in params}  # set by each trial, whatever the flags say
+    before, now = ({k: v for k, v in d.items() if k not in searched} for d in (before, now))
+    if before != now:
         raise SearchError(
             f"study '{study.study_name}' in {storage_url} ran its trials with other train.py settings"
             f" ({runs.differences(before, now)}): give --study a new name for a new study, or run it with"
             " the flags it was run with."
         )
+
+
+def check_choices(study: optuna.Study, params: list[Param], source: Path) -> None:
+    """Optuna keeps a `choice` list fixed within a study (its trials fail on another): refused up front."""
+    choices = {p.key: list(p.values) for p in params if p.kind == "choice"}
+    for trial in study.get_trials(deepcopy=False):
+        for key, distribution in trial.distributions.items():
+            before = getattr(distribution, "choices", None)
+            if key in choices and before is not None and list(before) != choices[key]:
+                raise SearchError(
+                    f"--search {source}: {key} has the choices {choices[key]}, but study '{study.study_name}' searched"
+                    f" it over {list(before)}, and a study's choices cannot change: give --study a new name, or"
+                    " restore them."
+                )
 
 
 def _process_token(pid: int) -> str:

@@ -16,7 +16,7 @@ from pathlib import Path
 import optuna
 import pytest
 import yaml
-from optuna.distributions import CategoricalDistribution
+from optuna.distributions import CategoricalDistribution, FloatDistribution
 from optuna.trial import TrialState, create_trial
 
 import multirun
@@ -245,24 +245,32 @@ def test_search_space_with_a_yaml_syntax_error_names_the_file_and_line(tmp_path,
 
 
 @pytest.mark.slow
-def test_every_choice_is_checked_up_front_and_a_trial_of_a_fixed_typo_is_not_run_again(tmp_path, monkeypatch):
+def test_every_choice_is_checked_up_front_and_a_trial_that_failed_by_its_value_is_not_run_again(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    typo = write_space(tmp_path / "typo.yaml", {"model.schedule": {"choice": ["cosine", "cosinus"]}})
     command = ["--config", JOB, "--trials", "1", "--study", "c", "--sampler", "random", "--seed", "0", *ONE_EPOCH]
+    typo = write_space(tmp_path / "typo.yaml", {"model.schedule": {"choice": ["cosine", "cosinus"]}})
     with pytest.raises(SystemExit) as stop:
         tune.main([*command, "--search", str(typo)])
     assert "refuses the key or value of model.schedule ('cosinus')" in stop.value.code
     assert not (tmp_path / "logs" / "tune" / "c").exists()  # before any trial
-    # A trial that failed by such a value, stored failed without an error as the search once left it.
+    # Trials that failed by their values, stored failed without an error (as the search once left them):
+    # a choice list the study no longer has is refused up front; a range value outside the fixed file is not rerun.
+    (tmp_path / "logs" / "tune" / "c").mkdir(parents=True)
     study = optuna.create_study(study_name="c", storage="sqlite:///logs/tune/c/study.db", direction="maximize")
-    distribution = CategoricalDistribution(["cosine", "cosinus"])
-    study.add_trial(create_trial(state=TrialState.FAIL, params={"model.schedule": "cosinus"},
-                                 distributions={"model.schedule": distribution}))  # fmt: skip
+    for key, value, distribution in (
+        ("model.schedule", "cosinus", CategoricalDistribution(["cosine", "cosinus"])),
+        ("model.dropout", 1.5, FloatDistribution(0.0, 2.0)),
+    ):
+        study.add_trial(create_trial(state=TrialState.FAIL, params={key: value}, distributions={key: distribution}))
     fixed = write_space(tmp_path / "fixed.yaml", {"model.schedule": {"choice": ["cosine", "constant"]}})
+    with pytest.raises(SystemExit) as stop:
+        tune.main([*command, "--search", str(fixed)])
+    assert "model.schedule has the choices ['cosine', 'constant'], but study 'c' searched it over" in stop.value.code
+    fixed = write_space(tmp_path / "fixed.yaml", {"model.dropout": {"uniform": [0.0, 0.5]}})
     tune.main([*command, "--search", str(fixed)])
     trials = load(tmp_path / "logs" / "tune" / "c", "c").trials
-    assert len(trials) == 2 and trials[1].state == TrialState.COMPLETE
-    assert trials[1].params["model.schedule"] != "cosinus" and "resumes" not in trials[1].user_attrs
+    assert len(trials) == 3 and trials[2].state == TrialState.COMPLETE and "resumes" not in trials[2].user_attrs
+    assert trials[2].params["model.dropout"] <= 0.5
 
 
 @pytest.mark.slow
