@@ -4,7 +4,8 @@
         --trainer.max_epochs=3
 
 Flags after the options below go to every trial's `train.py fit` (a shorter budget, a preset).
-Run the same command again to continue a stopped search; run it on several machines with one
+Run the same command again to continue a stopped search (with other train.py flags it is refused:
+a study keeps the settings it was started with); run it on several machines with one
 `--storage` URL to search in parallel. Results: logs/tune/<study>/{results.csv,results.md,<study>_best.yaml,plots/}.
 See experiments/search.py for how interruptions are handled.
 """

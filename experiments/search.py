@@ -157,7 +157,7 @@ def recover(study: optuna.Study, storage: RDBStorage, params: list[Param]) -> No
             storage.set_trial_state_values(trial._trial_id, state=TrialState.FAIL)
     trials = study.get_trials(deepcopy=False)
     space = {p.key: p for p in params}
-    for trial in trials:  # queued by an earlier version without its grid point: GridSampler needs it
+    for trial in trials:  # a waiting resumption without its grid point fails in GridSampler: give it its own
         if trial.state == TrialState.WAITING and "resumes" in trial.user_attrs:
             for key, value in _grid_point(trials[trial.user_attrs["resumes"]]).items():
                 if key not in trial.system_attrs:
@@ -169,7 +169,7 @@ def recover(study: optuna.Study, storage: RDBStorage, params: list[Param]) -> No
             and trial.params  # it ran (a trial killed before sampling left nothing to redo)
             and not any(key in trial.user_attrs for key in NOT_RUN)
             and trial.number not in requeued
-            # Parameters the space no longer holds (e.g. a typo fixed in the file) are not run again.
+            # Values the space no longer holds (a range narrowed after they failed) are not run again.
             and trial.params.keys() == space.keys()
             and all(space[key].contains(value) for key, value in trial.params.items())
         ):
