@@ -25,11 +25,11 @@ data: install
 train: data
 	$(BIN)/python train.py fit --config $(CONFIG) $(ARGS)
 
-# Hyperparameter search (README: Experiments); run it again to continue a stopped search.
+# Hyperparameter search, the README's command (Experiments); run it again to continue a stopped search.
 TRIALS ?= 12
 tune: data
 	$(BIN)/python tune.py --config $(CONFIG) --search configs/search/$(notdir $(CONFIG)) --trials $(TRIALS) \
-		--trainer.max_epochs=3 --test_after_fit=false $(ARGS)
+		--study $(basename $(notdir $(CONFIG))) --seed 0 --trainer.max_epochs=3 --test_after_fit=false $(ARGS)
 
 # The job over 3 seeds, mean ± std of its validation and test metrics.
 seeds: data

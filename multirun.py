@@ -5,7 +5,8 @@
 
 Flags after the options below go to every run's `train.py fit`. Runs and the summary
 (summary.md, summary.csv) are in logs/multirun/<name>/. Rerun the same command after a stop:
-finished runs are kept, an interrupted one resumes from its last.ckpt.
+finished runs are kept, an interrupted one resumes from its last.ckpt. With other flags (or an
+edited config) under the same --name it is refused, naming what changed.
 """
 
 from __future__ import annotations

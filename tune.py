@@ -4,7 +4,8 @@
         --trainer.max_epochs=3
 
 Flags after the options below go to every trial's `train.py fit` (a shorter budget, a preset).
-Run the same command again to continue a stopped search; run it on several machines with one
+Run the same command again to continue a stopped search (with other train.py flags it is refused:
+a study keeps the settings it was started with); run it on several machines with one
 `--storage` URL to search in parallel. Results: logs/tune/<study>/{results.csv,results.md,<study>_best.yaml,plots/}.
 See lightning_template/search/search.py for how interruptions are handled.
 """
@@ -22,6 +23,8 @@ from lightning_template.search import runs
 from lightning_template.search.search import (
     Search,
     SearchError,
+    check_choices,
+    check_settings,
     make_pruner,
     make_sampler,
     open_storage,
@@ -58,20 +61,22 @@ def main(argv: list[str] | None = None) -> None:
         job_flags = [f"--config={c}" for c in args.config]
         cli = runs.parse([*job_flags, *train_flags])
         runs.check_single_process([*job_flags, *train_flags], "tune.py")
-        for param in params:  # each key on its own, so the error names it
-            try:
-                cli = runs.parse([*job_flags, *train_flags, runs.flag(param.key, param.example())])
-            except runs.FlagError as err:
-                raise SpaceError(
-                    f"--search {args.search}: train.py refuses the key or value of {param.key}:\n{err}"
-                ) from None
+        for param in params:  # every choice and both ends of every range, each on its own to name it
+            for value in param.values:
+                try:
+                    runs.parse([*job_flags, *train_flags, runs.flag(param.key, value)])
+                except runs.FlagError as err:
+                    raise SpaceError(
+                        f"--search {args.search}: train.py refuses the key or value of {param.key} ({value!r}):\n{err}"
+                    ) from None
         config = cli.config
         monitor, mode = config.checkpoint.monitor, config.checkpoint.mode
         if not monitor:
             raise SearchError("The search optimizes --checkpoint.monitor; set it (e.g. val_acc).")
         study_name = args.study or f"{Path(args.config[0]).stem}-{args.search.stem}"
         out = Path("logs") / "tune" / study_name
-        storage = open_storage(args.storage or f"sqlite:///{out / 'study.db'}")
+        storage_url = args.storage or f"sqlite:///{out / 'study.db'}"
+        storage = open_storage(storage_url)
         study = optuna.create_study(
             study_name=study_name,
             storage=storage,
@@ -80,24 +85,30 @@ def main(argv: list[str] | None = None) -> None:
             direction="maximize" if mode == "max" else "minimize",
             load_if_exists=True,
         )
+        check_choices(study, params, args.search)
+        check_settings(study, storage_url, [*job_flags, *train_flags], params)
     except (SpaceError, SearchError, runs.FlagError) as err:
         sys.exit(f"tune.py: {err}")
     search = Search(study, job_flags, train_flags, params, args.trials, f"tune/{study_name}", monitor, storage)
-    recover(study, storage)
+    recover(study, storage, params)
     print(f"Study '{study_name}': {args.trials - search.budget_left()} of {args.trials} trials done or running.")
     try:
         search.run(on_trial_end=lambda: write_report(study, search, out, final=False))
     except runs.Interrupted:  # Ctrl-C or SIGTERM: the trial saved its last.ckpt and is resumed next time
-        print("Search stopped: run the same command to continue it.", flush=True)
+        write_report(study, search, out, final=False)  # the tables only (no plots): a stop is prompt
+        print(f"Search stopped ({out}/results.md so far): run the same command to continue it.", flush=True)
         sys.exit(128 + signal.SIGTERM)
     except SearchError as err:
         print(f"tune.py: {err}", file=sys.stderr, flush=True)
+        failed = True
+    else:
+        failed = False
+    best = write_report(study, search, out)
+    print(f"Results: {out}/results.md", flush=True)
+    if best:
+        print(f"Best config: {best}\nTrain it: python train.py fit --config {best}", flush=True)
+    if failed:
         sys.exit(1)
-    finally:
-        best = write_report(study, search, out)
-        print(f"Results: {out}/results.md", flush=True)
-        if best:
-            print(f"Best config: {best}\nTrain it: python train.py fit --config {best}", flush=True)
 
 
 if __name__ == "__main__":

@@ -5,6 +5,8 @@ from __future__ import annotations
 import csv
 import json
 import os
+import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -14,7 +16,8 @@ from pathlib import Path
 import optuna
 import pytest
 import yaml
-from optuna.trial import TrialState
+from optuna.distributions import CategoricalDistribution, FloatDistribution
+from optuna.trial import TrialState, create_trial
 
 import multirun
 import tune
@@ -27,6 +30,12 @@ TINY = [
     "--trainer.limit_train_batches=4", "--trainer.limit_val_batches=2", "--trainer.max_epochs=2",
     "--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false", "--test_after_fit=false",
 ]  # fmt: skip
+ONE_EPOCH = [*TINY, "--trainer.max_epochs=1"]
+# Flags that make other runs of ONE_EPOCH's, and how a refusal names them.
+OTHER_FLAGS = [
+    ("--trainer.max_epochs=3", "trainer.max_epochs 1 → 3"),
+    ("--model.optimizer.init_args.lr=0.5", "model.optimizer.init_args.lr 0.002 → 0.5"),
+]
 
 
 def write_space(path: Path, space: dict) -> Path:
@@ -83,7 +92,7 @@ LONGER = ["--trainer.limit_train_batches=20", "--trainer.limit_val_batches=2", "
           "--trainer.enable_progress_bar=false", "--test_after_fit=false"]  # fmt: skip
 
 
-def stop_when(process: subprocess.Popen, path: Path, signum: int) -> None:
+def stop_when(process: subprocess.Popen, path: Path, signum: int) -> str:
     """Send `signum` as soon as `path` exists (a trial's first epoch-end checkpoint): in the middle of that trial."""
     deadline = time.monotonic() + 240
     while not path.exists() and process.poll() is None and time.monotonic() < deadline:
@@ -91,6 +100,7 @@ def stop_when(process: subprocess.Popen, path: Path, signum: int) -> None:
     process.send_signal(signum)
     output = process.communicate()[0]
     assert path.exists(), output[-3000:]
+    return output
 
 
 @pytest.mark.slow
@@ -200,3 +210,107 @@ def test_three_fold_run_summarises_mean_and_std_and_skips_finished_folds(tmp_pat
     capsys.readouterr()
     multirun.main(["--config", JOB, "--folds", "3", "--name", "cv", *TINY])
     assert capsys.readouterr().out.count("done before") == 3
+
+
+@pytest.mark.slow
+def test_grid_search_stopped_by_sigterm_says_so_in_one_line_and_the_same_command_finishes_the_grid(tmp_path):
+    space = write_space(tmp_path / "space.yaml", {"model.optimizer.init_args.lr": {"choice": [3e-3, 2e-3]}})
+    out = tmp_path / "logs" / "tune" / "g"
+    grid = ["--sampler", "grid", *LONGER]
+    first = start_search(tmp_path, "g", 2, space, *grid)
+    output = stop_when(first, out / "trial_0000" / "checkpoints" / "last.ckpt", signal.SIGTERM)
+    assert first.returncode == 143
+    assert "Traceback" not in output and "failed with" not in output, output[-3000:]
+    assert (
+        output.splitlines()[-1]
+        == "Search stopped (logs/tune/g/results.md so far): run the same command to continue it."
+    )
+    assert not (out / "plots").exists()  # no plots or best config on a stop: it exits at once
+
+    run_cli("--config", JOB, "--search", str(space), "--trials", "2", "--study", "g", "--pruner", "none", *grid,
+            cwd=tmp_path, script="tune.py")  # fmt: skip
+    study = load(out, "g")
+    assert [t.state for t in study.trials] == [TrialState.FAIL, TrialState.COMPLETE, TrialState.COMPLETE]
+    assert study.trials[1].user_attrs["resumes"] == 0 and study.trials[1].params == study.trials[0].params
+    assert {t.params["model.optimizer.init_args.lr"] for t in study.trials[1:]} == {3e-3, 2e-3}  # the whole grid
+
+
+def test_search_space_with_a_yaml_syntax_error_names_the_file_and_line(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    path = tmp_path / "space.yaml"
+    path.write_text("model.dropout: {uniform: [0.0, 0.5]}\nmodel.hidden: {int: [64, 256}\n")
+    with pytest.raises(SystemExit) as stop:
+        tune.main(["--config", JOB, "--search", str(path)])
+    assert re.fullmatch(rf"tune\.py: --search {re.escape(str(path))}, line 2: not valid YAML \(.+\)\.", stop.value.code)
+
+
+@pytest.mark.slow
+def test_every_choice_is_checked_up_front_and_a_trial_that_failed_by_its_value_is_not_run_again(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    command = ["--config", JOB, "--trials", "1", "--study", "c", "--sampler", "random", "--seed", "0", *ONE_EPOCH]
+    typo = write_space(tmp_path / "typo.yaml", {"model.schedule": {"choice": ["cosine", "cosinus"]}})
+    with pytest.raises(SystemExit) as stop:
+        tune.main([*command, "--search", str(typo)])
+    assert "refuses the key or value of model.schedule ('cosinus')" in stop.value.code
+    assert not (tmp_path / "logs" / "tune" / "c").exists()  # before any trial
+    # Trials that failed by their values, stored failed without an error (as the search once left them):
+    # a choice list the study no longer has is refused up front; a range value outside the fixed file is not rerun.
+    (tmp_path / "logs" / "tune" / "c").mkdir(parents=True)
+    study = optuna.create_study(study_name="c", storage="sqlite:///logs/tune/c/study.db", direction="maximize")
+    for key, value, distribution in (
+        ("model.schedule", "cosinus", CategoricalDistribution(["cosine", "cosinus"])),
+        ("model.dropout", 1.5, FloatDistribution(0.0, 2.0)),
+    ):
+        study.add_trial(create_trial(state=TrialState.FAIL, params={key: value}, distributions={key: distribution}))
+    fixed = write_space(tmp_path / "fixed.yaml", {"model.schedule": {"choice": ["cosine", "constant"]}})
+    with pytest.raises(SystemExit) as stop:
+        tune.main([*command, "--search", str(fixed)])
+    assert "model.schedule has the choices ['cosine', 'constant'], but study 'c' searched it over" in stop.value.code
+    fixed = write_space(tmp_path / "fixed.yaml", {"model.dropout": {"uniform": [0.0, 0.5]}})
+    tune.main([*command, "--search", str(fixed)])
+    trials = load(tmp_path / "logs" / "tune" / "c", "c").trials
+    assert len(trials) == 3 and trials[2].state == TrialState.COMPLETE and "resumes" not in trials[2].user_attrs
+    assert trials[2].params["model.dropout"] <= 0.5
+
+
+@pytest.mark.slow
+def test_a_study_rerun_with_other_flags_is_refused_naming_them(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    space = write_space(tmp_path / "space.yaml", {"model.dropout": {"uniform": [0.0, 0.5]}})
+    command = ["--config", JOB, "--search", str(space), "--study", "e", "--sampler", "random", *ONE_EPOCH]
+    tune.main([*command, "--trials", "1"])
+    for other, change in OTHER_FLAGS:
+        with pytest.raises(SystemExit) as stop:
+            tune.main([*command, "--trials", "2", other])
+        message = stop.value.code
+        assert (
+            f"study 'e' in sqlite:///logs/tune/e/study.db ran its trials with other train.py settings ({change})"
+            in message
+        )
+    tune.main([*command, "--trials", "1", "--model.dropout=0.1"])  # a searched key is the search's own: the same study
+    assert len(load(tmp_path / "logs" / "tune" / "e", "e").trials) == 1
+
+
+@pytest.mark.slow
+def test_multirun_rerun_with_other_flags_is_refused_naming_them(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    command = ["--config", JOB, "--seeds", "42", *ONE_EPOCH]
+    multirun.main(command)
+    result = tmp_path / "logs" / "multirun" / "simple_cnn-seeds" / "seed_42" / "result.json"
+    before = result.read_text()
+    for other, change in OTHER_FLAGS:
+        with pytest.raises(SystemExit) as stop:
+            multirun.main([*command, other])
+        assert f"seed_42 was run with other train.py settings ({change}): give --name a new name" in stop.value.code
+    assert result.read_text() == before  # nothing ran again
+    capsys.readouterr()
+    multirun.main([*command, "--trainer.enable_progress_bar=true"])  # the console alone: the same runs
+    assert "seed_42: done before" in capsys.readouterr().out
+
+
+def test_make_tune_runs_the_readmes_command():
+    readme = (ROOT / "README.md").read_text()
+    documented = re.search(r"python tune\.py (.*?)# or: make tune", readme, re.S)
+    made = subprocess.run(["make", "-n", "-s", "tune"], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    command = made[made.index("tune.py ") :].split("\n\n")[0]
+    assert shlex.split(command.replace("\\\n", " "))[1:] == shlex.split(documented[1].replace("\\\n", " "))

@@ -3,7 +3,8 @@
 Runs go to `logs/multirun/<name>/{seed_42,fold_0,...}/` (with MLflow or W&B, to the tracker, named
 so). A finished run leaves `result.json` there and is not run again; an interrupted one is resumed
 from its last.ckpt (exact resume) in the same tracker run, so rerunning the same command after a
-stop finishes the set.
+stop finishes the set. Both files hold the run's resolved settings: a rerun whose flags or config
+contents resolve otherwise is refused, naming what changed, before anything runs.
 """
 
 from __future__ import annotations
@@ -31,12 +32,13 @@ def run_all(
     base_flags: list[str], name: str, seeds: list[int] | None, folds: int | None
 ) -> tuple[list[dict[str, Any]], Path]:
     """Every run's result (running what is not done yet), and the folder that holds them."""
-    todo = variants(seeds, folds)
-    runs.parse([*base_flags, *todo[0][1]])  # fail on a bad flag before the first run
-    runs.check_single_process(base_flags, "multirun.py")
     out = Path("logs") / "multirun" / name
+    todo = [(folder, flags, runs.settings([*base_flags, *flags])) for folder, flags in variants(seeds, folds)]
+    runs.check_single_process(base_flags, "multirun.py")
+    for folder, _, now in todo:  # every run checked before the first one starts
+        _refuse_other_settings(out, folder, now)
     results = []
-    for folder, flags in todo:
+    for folder, flags, now in todo:
         record_file, done = out / folder / "run.json", out / folder / "result.json"
         if done.is_file():
             print(f"{folder}: done before ({done})", flush=True)
@@ -49,11 +51,26 @@ def run_all(
         if resumed:
             print(f"{folder}: resuming ({resumed[0]})", flush=True)
         record_file.parent.mkdir(parents=True, exist_ok=True)
-        started = runs.RunStarted(lambda started, path=record_file: path.write_text(json.dumps(started)))
-        result = {"run": folder, **asdict(runs.fit([*run_flags, *resumed], callbacks=[started]))}
+        started = runs.RunStarted(
+            lambda started, path=record_file, now=now: path.write_text(json.dumps({**started, "settings": now}))
+        )
+        result = {"run": folder, **asdict(runs.fit([*run_flags, *resumed], callbacks=[started])), "settings": now}
         done.write_text(json.dumps(result, indent=1))
         results.append(result)
     return results, out
+
+
+def _refuse_other_settings(out: Path, folder: str, now: dict[str, Any]) -> None:
+    """A finished or started run of `folder` with other flags or config contents is not this run."""
+    for file in (out / folder / "result.json", out / folder / "run.json"):
+        if file.is_file():
+            before = json.loads(file.read_text()).get("settings", now)  # runs saved without settings: kept
+            if before != now:
+                raise ValueError(
+                    f"{out / folder} was run with other train.py settings ({runs.differences(before, now)}):"
+                    f" give --name a new name for a new set of runs, or delete {out} to run this set again."
+                )
+            return
 
 
 def summary_rows(results: list[dict[str, Any]]) -> tuple[list[str], list[list[str]]]:

@@ -11,11 +11,12 @@ import os
 import subprocess
 import sys
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import yaml
 from lightning import Callback, LightningModule, Trainer
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
@@ -94,6 +95,9 @@ def flag(key: str, value: Any) -> str:
 class _ParseOnly(TemplateCLI):
     """Parses and validates like train.py, then stops before building anything."""
 
+    def _set_seed(self) -> None:
+        """Parsing leaves this process's random state alone (and `seed_everything: true` unresolved)."""
+
     def before_instantiate_classes(self) -> None:
         raise _Parsed(self)
 
@@ -113,6 +117,40 @@ def parse(flags: list[str]) -> TemplateCLI:
         lines = [line for line in str(err).splitlines() if "Given value" not in line]
         raise FlagError("\n".join(lines)) from None
     raise AssertionError("unreachable")
+
+
+# Keys that only change what the console shows: the same run either way.
+CONSOLE_KEYS = {"trainer.enable_progress_bar", "trainer.enable_model_summary"}
+
+
+def setting_key(key: str) -> str:
+    """A config key as a flag writes it: `model.init_args.x` is `model.x` (the class's own arguments)."""
+    parts = key.removeprefix("--").split(".")
+    return ".".join(parts[:1] + parts[2:] if parts[1:2] == ["init_args"] else parts)
+
+
+def _flatten(tree: dict[str, Any], prefix: str = "") -> Iterator[tuple[str, Any]]:
+    for key, value in tree.items():
+        if isinstance(value, dict):
+            yield from _flatten(value, f"{prefix}{key}.")
+        else:
+            yield setting_key(f"{prefix}{key}"), value
+
+
+def settings(flags: list[str]) -> dict[str, Any]:
+    """What a run of `train.py fit <flags>` is: its resolved config (the config files' contents, not their
+    names) as `key: value`, without console-only keys. Stored with runs and studies so that a rerun with
+    other flags is refused instead of counting other runs as its own."""
+    cli = parse(flags)
+    tree = yaml.safe_load(cli.parser.dump(cli.config))
+    return {k: v for k, v in _flatten(tree) if k not in CONSOLE_KEYS}
+
+
+def differences(before: dict[str, Any], now: dict[str, Any]) -> str:
+    """`key before → now` for the settings that differ (the first 8), for an error message."""
+    changed = [k for k in sorted(before.keys() | now.keys()) if before.get(k, "unset") != now.get(k, "unset")]
+    listed = [f"{k} {before.get(k, 'unset')} → {now.get(k, 'unset')}" for k in changed[:8]]
+    return ", ".join(listed) + (f" and {len(changed) - 8} more" if len(changed) > 8 else "")
 
 
 def job_config_yaml(flags: list[str]) -> str:

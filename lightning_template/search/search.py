@@ -17,6 +17,7 @@ recognised by Optuna's heartbeat after `grace_period` seconds.
 from __future__ import annotations
 
 import csv
+import logging
 import math
 import os
 import random
@@ -30,7 +31,7 @@ from typing import Any
 
 import optuna
 from optuna.storages import RDBStorage
-from optuna.trial import TrialState
+from optuna.trial import FrozenTrial, TrialState, create_trial
 from optuna_integration import PyTorchLightningPruningCallback
 
 from lightning_template.search import runs
@@ -92,6 +93,38 @@ def make_pruner(name: str, warmup_epochs: int) -> optuna.pruners.BasePruner:
     raise SearchError(f"--pruner {name}: choose median or none.")
 
 
+def check_settings(study: optuna.Study, storage_url: str, flags: list[str], params: list[Param]) -> None:
+    """A study's trials all run with one set of train.py settings (the searched keys aside): recorded until
+    its first trial, then a run with other flags or config contents is refused, naming what changed."""
+    now = runs.settings(flags)
+    before = study.user_attrs.get("settings")
+    if before is None or not study.get_trials(deepcopy=False):  # new (or from before settings were recorded)
+        study.set_user_attr("settings", now)
+        return
+    searched = {runs.setting_key(p.key) for p in params}  # set by each trial, whatever the flags say
+    before, now = ({k: v for k, v in d.items() if k not in searched} for d in (before, now))
+    if before != now:
+        raise SearchError(
+            f"study '{study.study_name}' in {storage_url} ran its trials with other train.py settings"
+            f" ({runs.differences(before, now)}): give --study a new name for a new study, or run it with"
+            " the flags it was run with."
+        )
+
+
+def check_choices(study: optuna.Study, params: list[Param], source: Path) -> None:
+    """Optuna keeps a `choice` list fixed within a study (its trials fail on another): refused up front."""
+    choices = {p.key: list(p.values) for p in params if p.kind == "choice"}
+    for trial in study.get_trials(deepcopy=False):
+        for key, distribution in trial.distributions.items():
+            before = getattr(distribution, "choices", None)
+            if key in choices and before is not None and list(before) != choices[key]:
+                raise SearchError(
+                    f"--search {source}: {key} has the choices {choices[key]}, but study '{study.study_name}' searched"
+                    f" it over {list(before)}, and a study's choices cannot change: give --study a new name, or"
+                    " restore them."
+                )
+
+
 def _process_token(pid: int) -> str:
     """pid and start time (Linux /proc), so a reused pid is not taken for the process that died."""
     try:
@@ -111,7 +144,7 @@ def _process_alive(token: str) -> bool:
     return _process_token(pid) == token
 
 
-def recover(study: optuna.Study, storage: RDBStorage) -> None:
+def recover(study: optuna.Study, storage: RDBStorage, params: list[Param]) -> None:
     """Fail this machine's trials whose process died, then queue every interrupted trial once more."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
@@ -123,6 +156,12 @@ def recover(study: optuna.Study, storage: RDBStorage) -> None:
             storage.set_trial_user_attr(trial._trial_id, "interrupted", "process died")
             storage.set_trial_state_values(trial._trial_id, state=TrialState.FAIL)
     trials = study.get_trials(deepcopy=False)
+    space = {p.key: p for p in params}
+    for trial in trials:  # a waiting resumption without its grid point fails in GridSampler: give it its own
+        if trial.state == TrialState.WAITING and "resumes" in trial.user_attrs:
+            for key, value in _grid_point(trials[trial.user_attrs["resumes"]]).items():
+                if key not in trial.system_attrs:
+                    storage.set_trial_system_attr(trial._trial_id, key, value)
     requeued = {t.user_attrs.get("resumes") for t in trials}
     for trial in trials:
         if (
@@ -130,11 +169,20 @@ def recover(study: optuna.Study, storage: RDBStorage) -> None:
             and trial.params  # it ran (a trial killed before sampling left nothing to redo)
             and not any(key in trial.user_attrs for key in NOT_RUN)
             and trial.number not in requeued
+            # Values the space no longer holds (a range narrowed after they failed) are not run again.
+            and trial.params.keys() == space.keys()
+            and all(space[key].contains(value) for key, value in trial.params.items())
         ):
             attrs = {"resumes": trial.number, "folder": trial.user_attrs.get("folder", f"trial_{trial.number:04d}")}
             if "run" in trial.user_attrs:
                 attrs["run"] = trial.user_attrs["run"]  # where its last.ckpt and tracker run are
-            study.enqueue_trial(trial.params, user_attrs=attrs)
+            # As study.enqueue_trial, and on the same grid point: GridSampler fails on a trial without one.
+            system_attrs = {"fixed_params": trial.params, **_grid_point(trial)}
+            study.add_trial(create_trial(state=TrialState.WAITING, system_attrs=system_attrs, user_attrs=attrs))
+
+
+def _grid_point(trial: FrozenTrial) -> dict[str, Any]:
+    return {key: trial.system_attrs[key] for key in ("grid_id", "search_space") if key in trial.system_attrs}
 
 
 @dataclass
@@ -175,14 +223,14 @@ class Search:
                 raise _Skip
         folder = trial.user_attrs.get("folder", f"trial_{trial.number:04d}")
         trial.set_user_attr("folder", folder)
-        flags = [*self.base_flags, *(runs.flag(k, v) for k, v in values.items())]
-        flags += runs.logger_flags(flags, self.group, folder)
-        flags += runs.resume_flags(trial.user_attrs.get("run"), flags)  # an interrupted trial continues
         callbacks = [
             PyTorchLightningPruningCallback(trial, monitor=self.monitor),
             runs.RunStarted(lambda record: trial.set_user_attr("run", record)),
         ]
-        try:
+        try:  # flags train.py refuses fail here too, marked as the trial's error: never queued again
+            flags = [*self.base_flags, *(runs.flag(k, v) for k, v in values.items())]
+            flags += runs.logger_flags(flags, self.group, folder)
+            flags += runs.resume_flags(trial.user_attrs.get("run"), flags)  # an interrupted trial continues
             result = runs.fit(flags, callbacks=callbacks)
         except (optuna.TrialPruned, runs.Interrupted):  # pruned; or stopped, and queued again next time
             raise
@@ -199,10 +247,19 @@ class Search:
         return result.best_score
 
     def run(self, on_trial_end: Callable[[], None] | None = None) -> None:
+        quiet = _QuietStop()
+        optimize_log = logging.getLogger("optuna.study._optimize")
+        optimize_log.addFilter(quiet)
+        try:
+            self._run(on_trial_end)
+        finally:
+            optimize_log.removeFilter(quiet)
+
+    def _run(self, on_trial_end: Callable[[], None] | None) -> None:
         duplicates_in_a_row = failures_in_a_row = 0
         sampler = self.study.sampler
         while self.budget_left() > 0 and duplicates_in_a_row < 20:
-            recover(self.study, self.storage)  # e.g. a trial another process left behind
+            recover(self.study, self.storage, self.params)  # e.g. a trial another process left behind
             waiting = self.study.get_trials(deepcopy=False, states=(TrialState.WAITING,))
             grid = isinstance(sampler, optuna.samplers.GridSampler)
             if grid and not waiting and sampler.is_exhausted(self.study):
@@ -221,6 +278,18 @@ class Search:
                 on_trial_end()
         if duplicates_in_a_row >= 20:
             print("The sampler keeps proposing parameters already run: the space is exhausted.", flush=True)
+
+
+class _QuietStop(logging.Filter):
+    """Optuna logs a trial stopped by Ctrl-C or SIGTERM as a failure, with the traceback: the search
+    says it in one line instead."""
+
+    stopping = False
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.exc_info and isinstance(record.exc_info[1], runs.Interrupted):
+            self.stopping = True  # and the "failed with value None" record that follows
+        return not self.stopping
 
 
 def trial_rows(study: optuna.Study) -> list[dict[str, Any]]:

@@ -39,9 +39,11 @@ class Param:
             return trial.suggest_int(self.key, low, high, log=log)
         return trial.suggest_float(self.key, low, high, log=log)
 
-    def example(self) -> Any:
-        """A value to check the key and type with before any training."""
-        return self.values[0]
+    def contains(self, value: Any) -> bool:
+        if self.kind == "choice":
+            return value in self.values
+        low, high = self.values
+        return isinstance(value, (int, float)) and low <= value <= high
 
     def grid(self) -> list[Any]:
         if self.kind == "choice":
@@ -75,7 +77,13 @@ def _param(key: str, spec: Any, source: Path) -> Param:
 def load_space(path: Path) -> list[Param]:
     if not path.is_file():
         raise SpaceError(f"--search {path}: no such file (see configs/search/ for examples).")
-    spec = yaml.safe_load(path.read_text())
+    try:
+        spec = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f"{path}, line {mark.line + 1}" if mark else str(path)
+        problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+        raise SpaceError(f"--search {where}: not valid YAML ({problem}).") from None
     if not isinstance(spec, dict) or not spec:
         raise SpaceError(f"--search {path}: expected a mapping of train.py keys to ranges, e.g. 'model.dropout: ...'.")
     return [_param(str(key).removeprefix("--"), value, path) for key, value in spec.items()]
