@@ -260,6 +260,6 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    from train import exit_on_error
+    from lightning_template.cli import exit_on_error
 
     exit_on_error(main)

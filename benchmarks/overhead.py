@@ -126,7 +126,7 @@ def paired_epochs(
 ) -> tuple[list[FitEpoch], list[float]]:
     """`train.py fit --config config` for `pairs` + 1 epochs of `steps` steps, without validation, each epoch
     followed by a bare-loop epoch; (fit seconds, bare seconds) per pair, the first pair (warm-up) dropped."""
-    from train import TemplateCLI  # the CLI of train.py itself, run in this process
+    from lightning_template.cli import TemplateCLI  # the CLI of train.py itself, run in this process
 
     args = [
         "fit", "--config", str(ROOT / config), f"--trainer.max_epochs={pairs + 1}",

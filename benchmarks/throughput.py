@@ -34,7 +34,7 @@ class StepSpec:
 
 def job_model(config: str, overrides: list[str] = ()) -> tuple[ClassificationModule, int, tuple[int, ...]]:
     """The model of a job config as `train.py` builds it, its batch size and input shape."""
-    from train import TemplateCLI
+    from lightning_template.cli import TemplateCLI
 
     args = ["--config", str(ROOT / config), "--trainer.logger=false", *overrides]
     cli = TemplateCLI(args=args, run=False)

@@ -12,10 +12,10 @@ import torch
 from lightning.pytorch.callbacks import EarlyStopping, LearningRateMonitor
 
 from lightning_template.callbacks import ExactResume, FiniteLossGuard, ResumeCheckpoint
+from lightning_template.cli import TemplateCLI
 from lightning_template.models import ResNetClassifier, SimpleCNN
 from tests.conftest import QUICK, ROOT, run_cli, save_random_weights
 from tests.helpers import event_tags, same_state, scalar_steps
-from train import TemplateCLI
 
 CONFIGS = sorted((ROOT / "configs").glob("*.yaml"))
 JOBS = [c for c in CONFIGS if c.name != "defaults.yaml"]

@@ -11,8 +11,8 @@ import torch
 from lightning.pytorch.callbacks import RichModelSummary, RichProgressBar
 
 from lightning_template.callbacks.console import EpochLines
+from lightning_template.cli import TemplateCLI, main, template_error
 from tests.conftest import QUICK, ROOT
-from train import TemplateCLI, main, template_error
 
 JOB = ["--config", str(ROOT / "configs/simple_cnn.yaml")]
 

@@ -12,11 +12,11 @@ import torch
 from lightning import Callback, seed_everything
 
 from lightning_template.callbacks import ExactResume, FiniteLossGuard, NonFiniteLossError, ResumeCheckpoint
+from lightning_template.cli import TemplateCLI
 from lightning_template.data import FashionMNISTDataModule
 from lightning_template.data.idx import ALL_FILES
 from lightning_template.models import ResNetClassifier, SimpleCNN
 from tests.conftest import ROOT
-from train import TemplateCLI
 
 
 class Fault(Callback):

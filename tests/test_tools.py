@@ -10,11 +10,11 @@ import pytest
 import torch
 from PIL import Image
 
+from lightning_template.cli import TemplateCLI
 from lightning_template.data import FashionMNISTDataModule
 from lightning_template.models import ResNetClassifier
 from tests.conftest import ONE_EPOCH, ROOT, best_checkpoint, run_cli, save_random_weights
 from tests.helpers import event_tags
-from train import TemplateCLI
 
 # transfer.yaml needs weights (tests/test_finetuning.py); the tracker presets have tests/test_trackers.py,
 # the batch-size finder tests/test_console.py.

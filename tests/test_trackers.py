@@ -64,7 +64,7 @@ def test_csv_and_wandb_offline_presets_write_their_files(tmp_path: Path, monkeyp
 
 
 def test_a_tracker_that_is_not_installed_is_named_with_the_fix(tmp_path: Path) -> None:
-    code = "import sys; sys.modules['wandb'] = None; import train; train.main()"  # as if wandb were absent
+    code = "import sys; sys.modules['wandb'] = None; from lightning_template.cli import main; main()"  # no wandb
     args = ["fit", "--config", JOB, "--config", str(PRESETS / "wandb.yaml"), *QUICK]
     result = subprocess.run([sys.executable, "-c", code, *args], cwd=tmp_path, capture_output=True, text=True,
                             env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})  # fmt: skip

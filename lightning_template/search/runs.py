@@ -21,7 +21,7 @@ from lightning import Callback, LightningModule, Trainer
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from lightning_template.callbacks.tracking import RUN_ARG, logger_type, run_dir, tracker_runs_of
-from train import ROOT, TemplateCLI, installed_callbacks
+from lightning_template.cli import ROOT, TemplateCLI, installed_callbacks
 
 # Runs here are driven with explicit flags by design, whatever this process's own argv is.
 warnings.filterwarnings("ignore", message="LightningCLI's args parameter is intended")
