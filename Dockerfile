@@ -14,14 +14,9 @@ ARG TORCH_INDEX=https://download.pytorch.org/whl/cpu
 WORKDIR /app
 RUN pip install --no-cache-dir --index-url "$TORCH_INDEX" torch==2.14.1 torchvision==0.29.1
 COPY pyproject.toml README.md ./
-COPY models models
-COPY datamodules datamodules
-COPY callbacks callbacks
-COPY serving serving
-COPY experiments experiments
-COPY benchmarks benchmarks
+COPY lightning_template lightning_template
 COPY configs configs
-COPY train.py export.py tune.py multirun.py serve.py ./
+COPY train.py export.py serve.py ./
 RUN pip install --no-cache-dir '.[serve]'
 
 # An unprivileged user; checkpoints are mounted read-only.

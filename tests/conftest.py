@@ -121,11 +121,3 @@ def main_predictions(main_run: Path) -> subprocess.CompletedProcess:
         "predict", "--config", str(ROOT / "configs/simple_cnn.yaml"), "--trainer.limit_predict_batches=2",
         f"--ckpt_path={best_checkpoint(main_run, 'simple_cnn')}", "--trainer.enable_progress_bar=false", cwd=main_run,
     )  # fmt: skip
-
-
-@pytest.fixture(scope="session")
-def main_export(main_run: Path) -> subprocess.CompletedProcess:
-    """`export.py` of the main run's best checkpoint into main_run/out/."""
-    config = ["--config", str(ROOT / "configs/simple_cnn.yaml")]
-    return run_cli(*config, f"--ckpt_path={best_checkpoint(main_run, 'simple_cnn')}", "--out=out", cwd=main_run,
-                   script="export.py")  # fmt: skip

@@ -9,6 +9,7 @@ whose interruption is a SIGKILL: `python -m tests.matrix CELL_JSON DIRECTORY`.
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import itertools
 import json
 import os
@@ -22,14 +23,13 @@ import torch
 from lightning import Callback, Trainer, seed_everything
 from lightning.pytorch.callbacks import ModelCheckpoint
 
-from convert import convert
 from lightning_template.callbacks import ExactResume, FiniteLossGuard, ResumeCheckpoint, TwoStageFinetuning
 from lightning_template.data import FashionMNISTDataModule, ImageFolderDataModule
 from lightning_template.models import SimpleCNN
-from lightning_template.streaming import StreamingImageDataModule
 from tests.helpers import SignalAtBatch, StopAfterEpoch
 
-DATA = ("memory-w0", "files-w2", "stream-w2")
+STREAMING = importlib.util.find_spec("lightning_template.streaming") is not None  # an extra: its cells if present
+DATA = ("memory-w0", "files-w2", *(["stream-w2"] if STREAMING else []))
 ACCUMULATION = (1, 2)
 TRIGGERS = ("epoch-end", "step-checkpoint", "mid-epoch-validation", "sigterm", "sigkill")
 STAGES = ("plain", "stage-1", "stage-2")
@@ -62,7 +62,7 @@ def pairwise_cells() -> list[Cell]:
     cells = []
     for t, trigger in enumerate(TRIGGERS):
         for s, stage in enumerate(STAGES):
-            cells.append(Cell(DATA[(t + s) % 3], ACCUMULATION[(t // 2 + s) % 2], trigger, stage))
+            cells.append(Cell(DATA[(t + s) % len(DATA)], ACCUMULATION[(t // 2 + s) % 2], trigger, stage))
     return cells
 
 
@@ -91,6 +91,8 @@ def streamed(image_root: Path) -> Path:
     """The image tree as LitData chunks (encoded PNGs, stored at 32 px: training crops 28 px at random)."""
     output = image_root.parent / f"{image_root.name}-stream"
     if not (output / "dataset.json").exists():
+        from convert import convert
+
         source = ImageFolderDataModule(root=str(image_root), image_size=28, num_workers=0)
         convert(source, str(output), images="encoded", size=32, num_workers=1)
     return output
@@ -104,6 +106,8 @@ def fit(cell: Cell, directory: Path, image_root: Path, *extra: Callback, ckpt_pa
     if cell.data == "memory-w0":
         datamodule: Any = FashionMNISTDataModule(batch_size=16, augment=True, num_workers=0)
     elif cell.data.startswith("stream-w"):  # stream-w2 in the matrix; other worker counts in single tests
+        from lightning_template.streaming import StreamingImageDataModule
+
         workers = int(cell.data.removeprefix("stream-w"))
         datamodule = StreamingImageDataModule(
             input_dir=str(stream_root), batch_size=16, augment=True, num_workers=workers

@@ -26,6 +26,7 @@ from tests import matrix
 from tests.helpers import SignalAtBatch, StopAfterEpoch, same_state
 
 RESULTS: dict[str, str] = {}
+needs_streaming = pytest.mark.skipif(not matrix.STREAMING, reason="the streaming extra is not in this project")
 
 
 def _outcome(trainer: Trainer) -> dict[str, Any]:
@@ -208,6 +209,7 @@ def test_the_pairwise_cells_cover_every_pair_of_factor_values() -> None:
 
 
 @pytest.mark.slow
+@needs_streaming
 @pytest.mark.parametrize("trigger", ["epoch-end", "sigterm"])
 def test_streamed_resume_is_exact_without_loader_workers(trigger, tmp_path, image_tree, references) -> None:
     """The streaming loader in the main process: its position is read when the first batch is asked for,
@@ -216,6 +218,7 @@ def test_streamed_resume_is_exact_without_loader_workers(trigger, tmp_path, imag
 
 
 @pytest.mark.slow
+@needs_streaming
 def test_streamed_resume_with_other_loader_workers_is_refused(tmp_path, image_tree) -> None:
     """LitData gives each worker its own share of the chunks: another worker count means other batches."""
     checkpoint = matrix.interrupt(matrix.Cell("stream-w2", 1, "sigterm", "plain"), tmp_path / "run", image_tree)

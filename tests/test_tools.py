@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import csv
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -16,11 +15,13 @@ from lightning_template.models import ResNetClassifier
 from tests.conftest import ONE_EPOCH, ROOT, best_checkpoint, run_cli, save_random_weights
 from tests.helpers import event_tags
 
-# transfer.yaml needs weights (tests/test_finetuning.py); the tracker presets have tests/test_trackers.py,
-# the batch-size finder tests/test_console.py.
+# transfer.yaml needs weights (tests/test_finetuning.py); the tracker presets have tests/trackers/,
+# the batch-size finder tests/tools/.
 OWN_TESTS = {"transfer.yaml", "csv_logger.yaml", "mlflow.yaml", "wandb.yaml", "batch_size_finder.yaml"}
 PRESETS = [
-    pytest.param(p, marks=[pytest.mark.slow] if p.name in {"ema.yaml", "swa.yaml"} else [])  # and test_averaging.py
+    pytest.param(
+        p, marks=[pytest.mark.slow] if p.name in {"ema.yaml", "swa.yaml"} else []
+    )  # and tests/tools/test_averaging.py
     for p in sorted((ROOT / "configs" / "presets").glob("*.yaml"))
     if p.name not in OWN_TESTS
 ]
@@ -65,20 +66,6 @@ def test_overfit_preset_drives_the_training_loss_to_zero(tmp_path: Path, monkeyp
     cli = TemplateCLI(args=["fit", *configs, *flags])
     assert cli.trainer.callback_metrics["train_loss"].item() < 0.01  # stopped by the threshold, not early stopping
     assert cli.trainer.current_epoch < 200
-
-
-def _assert_exported(result: subprocess.CompletedProcess, out: Path) -> None:
-    for kind, file in (("torchscript", "net.ts"), ("onnx", "net.onnx"), ("state_dict", "net_state_dict.pt")):
-        assert f"{kind:<11} out/{file}  max |logit difference| = " in result.stdout
-        assert (out / file).is_file()
-    assert "FAILED" not in result.stdout and (out / "serving.json").is_file()
-
-
-@pytest.mark.slow
-def test_export_of_images_round_trips(main_export: subprocess.CompletedProcess, main_run: Path) -> None:
-    """Images (fixed shape): TorchScript, ONNX and the state dict reproduce the logits (export.py checks each;
-    token ids of dynamic length: tests/test_transformer.py)."""
-    _assert_exported(main_export, main_run / "out")
 
 
 @pytest.mark.slow

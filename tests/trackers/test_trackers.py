@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from lightning_template.search import runs
+from lightning_template.cli import TemplateCLI
 from tests.conftest import QUICK, ROOT
 
 JOB = str(ROOT / "configs" / "simple_cnn.yaml")
@@ -18,10 +18,14 @@ PRESETS = ROOT / "configs" / "presets"
 
 
 def fit(tmp_path: Path, preset: str, *extra: str) -> None:
-    """`train.py fit` in this process (as lightning_template/search/ runs it), from `tmp_path`."""
+    """`train.py fit` in this process, from `tmp_path`."""
     os.chdir(tmp_path)
-    runs.fit(["--config", JOB, "--config", str(PRESETS / preset), *QUICK, "--trainer.max_epochs=1",
-              "--test_after_fit=false", *extra])  # fmt: skip
+    try:
+        TemplateCLI(args=["fit", "--config", JOB, "--config", str(PRESETS / preset), *QUICK, "--trainer.max_epochs=1",
+                          "--test_after_fit=false", *extra])  # fmt: skip
+    finally:
+        if "wandb" in sys.modules:  # close the W&B run, or the next run in this process would join it
+            sys.modules["wandb"].finish()
 
 
 @pytest.mark.slow

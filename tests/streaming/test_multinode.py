@@ -17,7 +17,6 @@ from pathlib import Path
 
 import pytest
 import torch
-import yaml
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from convert import convert
@@ -166,26 +165,3 @@ def test_slurm_job_requeued_on_sigusr1_resumes_exactly(torchrun_job, stream: Pat
     assert [p.name for p in (tmp_path / "logs/simple_cnn").iterdir()] == [run_dir.name]  # one run, continued
     expected = final_state(torchrun_dir / "logs/simple_cnn/version_0/checkpoints/last.ckpt")
     assert max_difference(final_state(run_dir / "checkpoints/last.ckpt"), expected) == 0.0
-
-
-@pytest.mark.slow
-def test_the_sbatch_script_gives_the_configuration_the_tests_run(tmp_path: Path) -> None:
-    """configs/slurm/ddp.sbatch as SLURM runs it (sbatch's variables set, `srun` replaced by a stub that
-    prints the configuration its command parses to, instead of training)."""
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    (bin_dir / "srun").write_text(f'#!/bin/sh\nshift\nexec {sys.executable} "$@" --print_config\n')
-    (bin_dir / "srun").chmod(0o755)
-    env = {**base_env(), "PATH": f"{bin_dir}:{os.environ['PATH']}", "SLURM_JOB_ID": JOB_ID,
-           "SLURM_JOB_NUM_NODES": "2", "SLURM_NTASKS_PER_NODE": "4"}  # fmt: skip
-    done = subprocess.run(
-        ["bash", "configs/slurm/ddp.sbatch", "--data.batch_size=32"], cwd=ROOT, env=env, capture_output=True,
-        text=True, timeout=120,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr[-3000:]
-    config = yaml.safe_load(done.stdout)
-    trainer = config["trainer"]
-    assert (trainer["strategy"], int(trainer["num_nodes"]), int(trainer["devices"])) == ("ddp", 2, 4)
-    assert trainer["default_root_dir"] == f"checkpoints/slurm-{JOB_ID}"
-    assert trainer["logger"]["init_args"]["version"] == f"slurm-{JOB_ID}"
-    assert config["data"]["init_args"]["batch_size"] == 32  # the script passes its arguments on

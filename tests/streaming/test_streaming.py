@@ -1,7 +1,7 @@
 """Streaming datasets: convert.py's round trip, training through the CLI, and damaged or unreachable data.
 
 Exact resume of streamed runs is in the resume matrix (tests/matrix.py, data `stream-w2`);
-multi-process sharding in tests/test_multinode.py.
+multi-process sharding in tests/streaming/test_multinode.py.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ import pytest
 import torch
 from PIL import Image
 
+import lightning_template.streaming
 from convert import convert
 from lightning_template.data import (
     FashionMNISTDataModule,
@@ -27,6 +28,7 @@ from lightning_template.data import (
 from lightning_template.streaming import StreamingImageDataModule, StreamingTextDataModule
 from lightning_template.streaming.datamodules import StreamingDataError, decode_image
 from tests.conftest import QUICK, ROOT, run_cli
+from tests.test_datamodules import assert_contract
 
 SUBSET = {"classes": [0, 1, 7], "train_samples_per_class": 40, "val_size": 300}
 
@@ -156,3 +158,15 @@ def test_encoded_images_of_any_size_decode_to_the_stored_square() -> None:
     Image.fromarray(np.random.default_rng(0).integers(0, 255, (600, 900, 3), dtype=np.uint8)).save(buffer, "JPEG")
     image = decode_image(buffer.getvalue(), "RGB", 64)
     assert image.shape == (3, 64, 64) and image.dtype == np.uint8
+
+
+def test_every_streaming_datamodule_meets_the_contract(image_tree: Path, fortunes_dir: Path, tmp_path: Path) -> None:
+    text = TextClassificationDataModule(train_file=str(fortunes_dir / "train.jsonl"))
+    convert(text, str(tmp_path / "text"), num_workers=1)
+    convert(ImageFolderDataModule(root=str(image_tree), num_workers=0), str(tmp_path / "images"), num_workers=1)
+    built = {
+        "StreamingImageDataModule": StreamingImageDataModule(input_dir=str(tmp_path / "images")),
+        "StreamingTextDataModule": StreamingTextDataModule(input_dir=str(tmp_path / "text")),
+    }
+    assert set(lightning_template.streaming.__all__) == set(built)
+    assert_contract(built)

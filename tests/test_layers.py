@@ -1,0 +1,86 @@
+"""The core stands alone: it runs with every extra unimportable, and removing extras leaves a working project.
+
+What an extra is (its paths) is stated once, in pyproject.toml's [tool.lightning_template.extras].
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import tomllib
+
+from tests.conftest import QUICK, ROOT
+
+EXTRAS: dict[str, list[str]] = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["lightning_template"][
+    "extras"
+]
+# The extras' packages and the third-party libraries only they use.
+EXTRA_MODULES = [
+    *(f"lightning_template.{name}" for name in ("search", "serving", "streaming", "tools")),
+    *("optuna", "litserve", "litdata", "onnx", "onnxruntime", "mlflow", "wandb"),
+]
+
+
+def test_the_core_trains_with_every_extra_unimportable(tmp_path: Path) -> None:
+    blocked = "; ".join(f"sys.modules[{name!r}] = None" for name in EXTRA_MODULES)  # `import` of it fails
+    code = f"import sys; {blocked}; from lightning_template.cli import main; main()"
+    args = ["fit", "--config", str(ROOT / "configs/simple_cnn.yaml"), *QUICK, "--trainer.max_epochs=1"]
+    args += ["--trainer.limit_train_batches=3", "--test_after_fit=true"]
+    done = subprocess.run(
+        [sys.executable, "-c", code, *args], cwd=tmp_path, capture_output=True, text=True, timeout=300
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "test accuracy:" in done.stdout
+    assert (tmp_path / "logs/simple_cnn/version_0/checkpoints/last.ckpt").is_file()
+
+
+def test_every_path_of_an_extra_exists() -> None:
+    for name, paths in EXTRAS.items():
+        for path in paths:
+            assert (ROOT / path).exists(), f"[tool.lightning_template.extras] {name}: {path} does not exist"
+
+
+def project_without(tmp_path: Path, removed: list[str]) -> Path:
+    """A copy of the project's tracked files, less the given extras' paths and their entries in pyproject.toml."""
+    tracked = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    gone = [path for name in removed for path in EXTRAS[name]]
+    copy = tmp_path / "project"
+    for name in tracked.splitlines():
+        if (ROOT / name).is_file() and not any(name == p or name.startswith(p.rstrip("/") + "/") for p in gone):
+            (copy / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(ROOT / name, copy / name)
+    pyproject = copy / "pyproject.toml"
+    for name in removed:
+        pyproject.write_text(re.sub(rf"^{name} = \[.*?\]\n", "", pyproject.read_text(), flags=re.M | re.S))
+    return copy
+
+
+def run_pytest(project: Path, *args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(project)}  # the copy's package, not the installed one
+    return subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", *args],
+        cwd=project, env=env, capture_output=True, text=True, timeout=900,
+    )  # fmt: skip
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("extra", sorted(EXTRAS))
+def test_removing_one_extra_leaves_every_other_test_importable(extra: str, tmp_path: Path) -> None:
+    done = run_pytest(project_without(tmp_path, [extra]), "--collect-only", "-m", "not slow or slow")
+    assert done.returncode == 0, done.stdout[-3000:]
+
+
+@pytest.mark.slow
+def test_the_core_alone_passes_its_fast_tests(tmp_path: Path) -> None:
+    project = project_without(tmp_path, sorted(EXTRAS))
+    assert not (project / "lightning_template" / "serving").exists()
+    assert "[tool.lightning_template.extras]\n\n" in (project / "pyproject.toml").read_text()
+    done = run_pytest(project, "-m", "not slow", "-x")
+    assert done.returncode == 0, done.stdout[-3000:]
+    assert " passed" in done.stdout.splitlines()[-1]
