@@ -169,10 +169,15 @@ def convert(
     from litdata import optimize
 
     items, metadata = splits_and_metadata(datamodule, images, size)
+    if not any(map(len, items.values())):
+        raise ValueError(f"{metadata['source']}: every split is empty; nothing to convert (check the data's files).")
     remove_metadata(output, storage_options)  # first: from now until the end, the folder reads as unfinished
     metadata["splits"] = {}
     for split, item in items.items():
         count = len(item)
+        if not count:  # LitData refuses empty inputs; a missing split is named when the converted data is used
+            print(f"{split}: no samples in the source; skipped (the converted dataset has no {split} split)")
+            continue
         blocks = [range(start, min(start + BLOCK, count)) for start in range(0, count, BLOCK)]
         optimize(
             fn=ItemBlock(item), inputs=blocks, output_dir=join(output, split), chunk_bytes=chunk_bytes,
