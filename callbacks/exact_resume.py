@@ -86,6 +86,14 @@ class ResumeCheckpoint(ModelCheckpoint):
             return
         super()._save_checkpoint(trainer, filepath)
 
+    def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
+        # A save failing here (the full disk that failed the run) must not escape: Lightning would skip its teardown
+        # and leave its SIGTERM handler installed, catching the signals meant for whatever the process runs next.
+        try:
+            super().on_exception(trainer, pl_module, exception)
+        except Exception as err:
+            rank_zero_warn(f"{self.dirpath}: no checkpoint written after the {type(exception).__name__} ({err}).")
+
 
 class ExactResume(Callback):
     def __init__(self) -> None:
