@@ -190,6 +190,7 @@ class ExactResume(Callback):
         # Replaces Lightning's SIGTERM handler for the run: a stop is decided at a step boundary. On
         # SLURM with auto-requeue, also its requeue signal (SIGUSR1): Lightning's handler would save the
         # checkpoint wherever the signal lands, inside a step and at a different step on each rank.
+        self._stop_requested, self._requeue_signal = False, None  # a request stops the run it came in, no later one
         if threading.current_thread() is not threading.main_thread():
             return
         self._previous_handlers = {
