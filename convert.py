@@ -17,6 +17,7 @@ from __future__ import annotations
 import io
 import json
 import multiprocessing
+import signal
 import sys
 import tempfile
 from pathlib import Path
@@ -169,16 +170,25 @@ def convert(
     from litdata import optimize
 
     items, metadata = splits_and_metadata(datamodule, images, size)
+    if not any(map(len, items.values())):
+        raise ValueError(f"{metadata['source']}: every split is empty; nothing to convert (check the data's files).")
     remove_metadata(output, storage_options)  # first: from now until the end, the folder reads as unfinished
     metadata["splits"] = {}
     for split, item in items.items():
         count = len(item)
+        if not count:  # LitData refuses empty inputs; a missing split is named when the converted data is used
+            print(f"{split}: no samples in the source; skipped (the converted dataset has no {split} split)")
+            continue
         blocks = [range(start, min(start + BLOCK, count)) for start in range(0, count, BLOCK)]
-        optimize(
-            fn=ItemBlock(item), inputs=blocks, output_dir=join(output, split), chunk_bytes=chunk_bytes,
-            num_workers=max(1, min(num_workers, len(blocks))), mode="overwrite", keep_data_ordered=True,
-            verbose=False, start_method=START_METHOD, storage_options=storage_options or {},
-        )  # fmt: skip
+        sigint = signal.getsignal(signal.SIGINT)
+        try:
+            optimize(
+                fn=ItemBlock(item), inputs=blocks, output_dir=join(output, split), chunk_bytes=chunk_bytes,
+                num_workers=max(1, min(num_workers, len(blocks))), mode="overwrite", keep_data_ordered=True,
+                verbose=False, start_method=START_METHOD, storage_options=storage_options or {},
+            )  # fmt: skip
+        finally:  # LitData leaves its Ctrl-C handler installed, which ends the process with status 0
+            signal.signal(signal.SIGINT, sigint)
         metadata["splits"][split] = count
         print(f"{split}: {count} samples -> {join(output, split)}", flush=True)
     write_metadata(output, metadata, storage_options)

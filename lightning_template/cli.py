@@ -50,6 +50,8 @@ from lightning_template.callbacks.tracking import (
     check_tracker_installed,
     experiment_dir,
     logger_type,
+    name_new_run,
+    run_location,
     tracker_runs,
 )
 from lightning_template.data.contract import CHECKPOINT_STATE_ARG, MODEL_LINKS
@@ -160,6 +162,7 @@ class TemplateCLI(LightningCLI):
         experiment_arg = EXPERIMENT_ARG.get(logger_class)
         if experiment_arg and logger_args.get(experiment_arg) in (None, "", "lightning_logs"):
             logger_args[experiment_arg] = run_name(config)  # the job's name, whatever the tracker
+        name_new_run(logger_class, logger_args)
         model_args = getattr(config.get("model"), "init_args", None)
         if model_args is not None and "schedule" in model_args:
             trainer = config.trainer
@@ -246,11 +249,8 @@ class TemplateCLI(LightningCLI):
         if not trainer.is_global_zero:
             return
         logger = trainer.logger
-        if logger is not None and logger.log_dir:
-            if isinstance(logger, TensorBoardLogger):
-                lines.append(f"TensorBoard logs: tensorboard --logdir {logger.log_dir}")
-            else:
-                lines.append(f"logs ({type(logger).__name__}): {logger.log_dir}")
+        if location := run_location(logger):
+            lines.append(location)
         if "test_acc" in trainer.callback_metrics:
             lines.append(f"test accuracy: {trainer.callback_metrics['test_acc']:.4f}")
         final = {f"final/{k}": float(v) for k, v in trainer.callback_metrics.items() if k.startswith(("val_", "test_"))}

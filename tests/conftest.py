@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -25,6 +26,25 @@ QUICK = [
     "--trainer.limit_train_batches=10", "--trainer.limit_val_batches=4", "--trainer.limit_test_batches=4",
     "--trainer.enable_progress_bar=false", "--trainer.log_every_n_steps=5",
 ]  # fmt: skip
+
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+@pytest.fixture(autouse=True)
+def stop_signals_left_as_found() -> Iterator[None]:
+    """Every test leaves the SIGTERM and SIGINT handlers as it found them. A handler left behind (a trainer
+    whose teardown was skipped, a library's) catches a signal meant for the test process and turns it into a
+    stop of whatever test runs next, or an exit with status 0; the test that left it fails here instead."""
+    before = {signum: signal.getsignal(signum) for signum in STOP_SIGNALS}
+    yield
+    left = {
+        signal.Signals(s).name: signal.getsignal(s) for s, handler in before.items() if signal.getsignal(s) != handler
+    }
+    for signum, handler in before.items():
+        signal.signal(signum, handler)  # one leak fails one test, not every test after it
+    if left:
+        pytest.fail(f"the test left signal handlers installed: {left}")
 
 
 @pytest.fixture(scope="session")

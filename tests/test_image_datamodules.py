@@ -12,10 +12,12 @@ import torch
 import torchvision
 from PIL import Image
 
+from lightning_template.cli import template_error
 from lightning_template.data import CIFAR10DataModule, ImageFolderDataModule
 from lightning_template.data.files import DatasetNotFoundError
 from lightning_template.data.idx import read_idx
 from lightning_template.data.image_folder import CorruptImageError, compute_mean_std
+from lightning_template.models import SimpleCNN
 
 CLASSES = {0: "tshirt", 1: "trouser", 7: "sneaker"}
 
@@ -90,6 +92,18 @@ def test_val_class_unknown_to_train_is_an_error(image_root: Path) -> None:
 def test_missing_root_names_the_expected_layout(tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError, match=r"expects <root>/train/<class>/<images>"):
         ImageFolderDataModule(root=str(tmp_path / "nothing")).setup("fit")
+
+
+@pytest.mark.parametrize("split", ["train", "val"])
+def test_class_folders_without_images_stop_fit_before_it_trains(image_root: Path, quick_trainer, split: str) -> None:
+    for path in (image_root / split).rglob("*.*"):
+        path.rename(path.with_suffix(".txt"))  # files, but none of them an image
+    dm = ImageFolderDataModule(root=str(image_root), image_size=28, batch_size=4, num_workers=0)
+    model = SimpleCNN(num_classes=dm.num_classes, input_shape=(3, 28, 28))
+    with pytest.raises(FileNotFoundError, match=rf"{image_root / split}: no images in it or its class folders") as err:
+        quick_trainer().fit(model, dm)
+    assert template_error(err.value) is err.value  # printed by train.py as its message alone
+    assert model.global_step == 0
 
 
 def test_mean_std_utility_matches_the_pixels(image_root: Path, fmnist) -> None:

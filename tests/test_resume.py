@@ -77,7 +77,9 @@ def teardown_module() -> None:
 # -- single regressions, fast --------------------------------------------------------------------
 
 
-def _fit(directory: Path, *callbacks, ckpt_path: str | None = None, **trainer_kwargs) -> Trainer:
+def _fit(
+    directory: Path, *callbacks, ckpt_path: str | None = None, exact_resume: ExactResume | None = None, **trainer_kwargs
+) -> Trainer:
     seed_everything(3)
     datamodule = FashionMNISTDataModule(batch_size=trainer_kwargs.pop("batch_size", 32), augment=True)
     model = SimpleCNN(warmup_epochs=0.5)  # dropout + augmentation + shuffling all draw random numbers
@@ -85,7 +87,7 @@ def _fit(directory: Path, *callbacks, ckpt_path: str | None = None, **trainer_kw
         max_epochs=3, limit_train_batches=8, limit_val_batches=2, logger=False, enable_progress_bar=False,
         enable_model_summary=False, deterministic=True, num_sanity_val_steps=0,
     )  # fmt: skip
-    callbacks = [ExactResume(), ResumeCheckpoint(dirpath=directory), *callbacks]
+    callbacks = [exact_resume or ExactResume(), ResumeCheckpoint(dirpath=directory), *callbacks]
     trainer = Trainer(**{**settings, **trainer_kwargs}, callbacks=callbacks)
     trainer.fit(model, datamodule=datamodule, ckpt_path=ckpt_path)
     return trainer
@@ -101,6 +103,15 @@ def test_sigint_stops_gracefully_and_restores_the_handler(tmp_path: Path, fashio
         signal.signal(signal.SIGINT, previous)
     # Signalled after ExactResume looked at batch 4's end: the stop comes at the next boundary.
     assert torch.load(tmp_path / "last.ckpt", weights_only=True)["global_step"] == 8 + 6
+
+
+def test_a_stop_request_ends_with_the_run_that_received_it(tmp_path: Path, fashion_mnist_dir) -> None:
+    """The same callbacks in a later fit of the process (a notebook, a test) do not stop on an old SIGTERM."""
+    exact_resume = ExactResume()
+    with pytest.raises(SystemExit):
+        _fit(tmp_path, SignalAtBatch(epoch=0, batch=3, signum=signal.SIGTERM), exact_resume=exact_resume, max_epochs=1)
+    resumed = _fit(tmp_path, exact_resume=exact_resume, max_epochs=1, ckpt_path=str(tmp_path / "last.ckpt"))
+    assert resumed.global_step == 8
 
 
 def test_sigterm_inside_an_accumulation_window_stops_at_its_end(tmp_path: Path, fashion_mnist_dir) -> None:

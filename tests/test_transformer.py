@@ -104,13 +104,34 @@ def _write_jsonl(path: Path, records: list[dict]) -> Path:
 
 def test_text_file_errors_name_the_file_and_fix(tmp_path: Path) -> None:
     train = _write_jsonl(tmp_path / "train.jsonl", [{"sentence": "hello there", "label": "greeting"}])
-    with pytest.raises(KeyError, match=r"train\.jsonl: record 1 has no column \['text'\].*--data.text_column"):
+    with pytest.raises(KeyError, match=r"train\.jsonl:1: the record has no column \['text'\].*--data.text_column"):
         TextClassificationDataModule(train_file=str(train))
     train = _write_jsonl(tmp_path / "train.jsonl", [{"text": "hello there", "label": "greeting"}])
     val = _write_jsonl(tmp_path / "val.jsonl", [{"text": "bye", "label": "farewell"}])
     dm = TextClassificationDataModule(train_file=str(train), val_file=str(val))
     with pytest.raises(ValueError, match=r"val\.jsonl: labels \['farewell'\] do not occur in the training labels"):
         dm.setup("fit")
+
+
+@pytest.mark.parametrize(
+    ("name", "content", "line"),
+    [
+        ("short_row.csv", "text,label\nhello there,greeting\nbye now\nsee you,farewell\n", 3),
+        ("empty_cell.csv", "text,label\nhello there,greeting\nsee you,farewell\nbye now, \n", 4),
+        ("empty_cell.tsv", "text\tlabel\nhello there\tgreeting\nbye now\t\n", 3),
+        ("null.jsonl", '{"text": "hi", "label": "greeting"}\n\n{"text": "bye", "label": null}\n', 3),
+    ],
+    ids=["short_csv_row", "empty_csv_cell", "empty_tsv_cell", "jsonl_null"],
+)
+def test_a_record_without_label_is_refused_by_file_and_line(tmp_path: Path, name: str, content: str, line: int) -> None:
+    (tmp_path / name).write_text(content)
+    with pytest.raises(ValueError, match=rf"{name}:{line}: 'label' is missing or empty"):
+        TextClassificationDataModule(train_file=str(tmp_path / name))
+
+
+def test_a_label_that_is_a_json_number_is_a_class(tmp_path: Path) -> None:
+    train = _write_jsonl(tmp_path / "train.jsonl", [{"text": "a", "label": 0}, {"text": "b", "label": 1}])
+    assert TextClassificationDataModule(train_file=str(train), val_file=str(train)).class_names == ["0", "1"]
 
 
 def test_vocabulary_and_labels_survive_a_checkpoint(tmp_path: Path, fortunes_dir: Path, quick_trainer) -> None:

@@ -12,6 +12,8 @@
 from __future__ import annotations
 
 import importlib
+import secrets
+import time
 from pathlib import Path
 from typing import Any
 
@@ -189,3 +191,34 @@ def _log_artifact(logger: Logger, path: Path) -> None:
         logger.experiment.log_artifact(logger.run_id, str(path))
     elif isinstance(logger, WandbLogger):
         logger.experiment.save(str(path), base_path=str(path.parent), policy="now")
+
+
+def name_new_run(logger_class: str, init_args: Any) -> None:
+    """MLflow draws a run's name from Python's `random`, which the run's seed has fixed: every run of a job would
+    get the same name. A new run without a name gets its start time, and 4 hex digits for runs started together."""
+    if logger_class == "MLFlowLogger" and not init_args.get("run_name"):
+        init_args.run_name = f"{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
+
+
+def run_location(logger: Logger | None) -> str | None:
+    """Where the run went, and the command (or address) that shows it, in one line."""
+    if isinstance(logger, TensorBoardLogger):
+        return f"TensorBoard logs: tensorboard --logdir {logger.log_dir}"
+    if isinstance(logger, MLFlowLogger):
+        client = logger.experiment
+        run = client.get_run(logger.run_id)
+        uri = client.tracking_uri
+        experiment = client.get_experiment(run.info.experiment_id).name
+        where = f"MLflow run {run.info.run_name} ({run.info.run_id}) in experiment {experiment}"
+        if uri.startswith(("http://", "https://")):
+            return f"{where}: {uri.rstrip('/')}/#/experiments/{run.info.experiment_id}/runs/{run.info.run_id}"
+        # The UI is in the full `mlflow` package; the `mlflow` extra has only the client (mlflow-skinny).
+        return f"{where}: mlflow ui --backend-store-uri {uri}  (needs pip install -e '.[mlflow-ui]')"
+    if isinstance(logger, WandbLogger):
+        run = logger.experiment
+        if run.offline:
+            return f"W&B offline run {run.id}: wandb sync {Path(run.dir).parent}"
+        return f"W&B run {run.id}: {run.url}"
+    if logger is not None and logger.log_dir:
+        return f"logs ({type(logger).__name__}): {logger.log_dir}"
+    return None

@@ -201,12 +201,17 @@ class ImageFolderDataModule(SplitLoaders, LightningDataModule):
             class_folders(self.root / "val")  # raises the missing-folder error
         counts = torch.bincount(torch.tensor(self.splits["train"].targets, dtype=torch.long), minlength=len(classes))
         for name, count in zip(classes, counts.tolist(), strict=True):
-            if count == 0:
+            if count == 0 and counts.any():  # no images at all is the train loader's error, not a warning per class
                 log.warning("%s has no images: class '%s' cannot be learned.", self.root / "train" / name, name)
 
     def loader(self, split: str, shuffle: bool) -> DataLoader:
         if split not in self.splits:
             raise FileNotFoundError(f"{self.root / split} not found; it is needed for this stage.")
+        if not self.splits[split].samples:  # Lightning would only warn, skip the stage and report success
+            folder = self.predict_dir if split == "predict" else self.root / split
+            raise FileNotFoundError(
+                f"{folder}: no images in it or its class folders (image files end in {', '.join(IMG_EXTENSIONS)})."
+            )
         return make_loader(
             self.splits[split], self.trainer, shuffle, self.batch_size, collate_skipping_none, self.num_workers,
             self.pin_memory, sample_seeds=True,

@@ -70,28 +70,33 @@ def read_records(path: Path, text_column: str, label_column: str | None) -> list
     suffix = path.suffix.lower()
     if suffix == ".txt":
         return [(line.rstrip("\n"), None) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    rows: list[tuple[int, dict[str, Any]]] = []  # (line number, record): errors point at the line
     if suffix in {".csv", ".tsv"}:
         with open(path, newline="", encoding="utf-8") as f:
-            rows = list(csv.DictReader(f, delimiter="\t" if suffix == ".tsv" else ","))
+            reader = csv.DictReader(f, delimiter="\t" if suffix == ".tsv" else ",")
+            rows = [(reader.line_num, row) for row in reader]
     elif suffix in {".jsonl", ".json"}:
-        rows = []
         for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
             if line.strip():
                 try:
-                    rows.append(json.loads(line))
+                    rows.append((number, json.loads(line)))
                 except json.JSONDecodeError as err:
                     raise ValueError(f"{path}:{number}: not a JSON object ({err}).") from err
     else:
         raise ValueError(f"{path}: unsupported file type {suffix!r}; use .csv, .tsv, .jsonl or .txt.")
     columns = [text_column] + ([label_column] if label_column else [])
-    for number, row in enumerate(rows, start=1):
+    for number, row in rows:
         missing = [c for c in columns if c not in row]
         if missing:
             raise KeyError(
-                f"{path}: record {number} has no column {missing}; it has {sorted(row)}."
+                f"{path}:{number}: the record has no column {missing}; it has {sorted(row)}."
                 " Set --data.text_column / --data.label_column."
             )
-    return [(str(row[text_column]), str(row[label_column]) if label_column else None) for row in rows]
+        # A short CSV row (DictReader's None), an empty cell or JSON null would otherwise become a class "None" or "".
+        blank = [c for c in columns if row[c] is None or (c == label_column and str(row[c]).strip() == "")]
+        if blank:
+            raise ValueError(f"{path}:{number}: {blank[0]!r} is missing or empty; give every record one, or remove it.")
+    return [(str(row[text_column]), str(row[label_column]) if label_column else None) for _, row in rows]
 
 
 class EncodedTexts(Dataset):

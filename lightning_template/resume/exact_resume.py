@@ -86,6 +86,14 @@ class ResumeCheckpoint(ModelCheckpoint):
             return
         super()._save_checkpoint(trainer, filepath)
 
+    def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
+        # A save failing here (the full disk that failed the run) must not escape: Lightning would skip its teardown
+        # and leave its SIGTERM handler installed, catching the signals meant for whatever the process runs next.
+        try:
+            super().on_exception(trainer, pl_module, exception)
+        except Exception as err:
+            rank_zero_warn(f"{self.dirpath}: no checkpoint written after the {type(exception).__name__} ({err}).")
+
 
 class ExactResume(Callback):
     def __init__(self) -> None:
@@ -183,6 +191,7 @@ class ExactResume(Callback):
         # Replaces Lightning's SIGTERM handler for the run: a stop is decided at a step boundary. On
         # SLURM with auto-requeue, also its requeue signal (SIGUSR1): Lightning's handler would save the
         # checkpoint wherever the signal lands, inside a step and at a different step on each rank.
+        self._stop_requested, self._requeue_signal = False, None  # a request stops the run it came in, no later one
         if threading.current_thread() is not threading.main_thread():
             return
         self._previous_handlers = {

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import csv
 import io
+import shutil
 import subprocess
 import sys
 import time
@@ -72,6 +73,23 @@ def test_image_files_round_trip(tmp_path: Path, image_tree: Path, images: str) -
         assert [label for _, label in samples] == [label for _, label in files]
         for (image, _), (path, _) in zip(samples, files, strict=True):
             assert torch.equal(image, torch.from_numpy(decode_image(Path(path).read_bytes(), "RGB", 32)))
+
+
+def test_an_empty_split_is_skipped_and_named_and_all_empty_is_refused(tmp_path: Path, image_tree: Path, capsys) -> None:
+    shutil.copytree(image_tree / "train", tmp_path / "images" / "train")
+    for folder in (tmp_path / "images" / "train").iterdir():
+        (tmp_path / "images" / "val" / folder.name).mkdir(parents=True)  # class folders, no images
+    source = ImageFolderDataModule(root=str(tmp_path / "images"), image_size=28, num_workers=0)
+    assert convert(source, str(tmp_path / "out"), size=28, num_workers=1)["splits"] == {"train": 144}
+    assert "val: no samples in the source; skipped" in capsys.readouterr().out
+    with pytest.raises(StreamingDataError, match=r"has no val split"):
+        StreamingImageDataModule(input_dir=str(tmp_path / "out")).loader("val", shuffle=False)
+    shutil.rmtree(tmp_path / "images" / "train")
+    shutil.copytree(tmp_path / "images" / "val", tmp_path / "images" / "train")
+    source = ImageFolderDataModule(root=str(tmp_path / "images"), image_size=28, num_workers=0)
+    with pytest.raises(ValueError, match=r"ImageFolderDataModule: every split is empty; nothing to convert"):
+        convert(source, str(tmp_path / "out"), num_workers=1)
+    assert (tmp_path / "out" / "dataset.json").is_file()  # the previous conversion is left as it was
 
 
 def test_text_round_trip(tmp_path: Path, fortunes_dir: Path) -> None:

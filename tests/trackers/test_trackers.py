@@ -29,7 +29,9 @@ def fit(tmp_path: Path, preset: str, *extra: str) -> None:
 
 
 @pytest.mark.slow
-def test_mlflow_run_holds_params_metrics_images_and_config_and_resume_continues_it(tmp_path: Path, monkeypatch) -> None:
+def test_mlflow_run_holds_params_metrics_images_and_config_and_resume_continues_it(
+    tmp_path: Path, monkeypatch, capsys
+) -> None:
     monkeypatch.chdir(tmp_path)
     import mlflow
 
@@ -39,6 +41,10 @@ def test_mlflow_run_holds_params_metrics_images_and_config_and_resume_continues_
     client = mlflow.MlflowClient(f"sqlite:///{tmp_path / 'logs' / 'mlflow.db'}")
     experiment = client.get_experiment_by_name("simple_cnn")  # named after the job
     (run,) = client.search_runs([experiment.experiment_id])  # resumed into the same run, not a second one
+    where = (
+        f"MLflow run {run.info.run_name} ({run.info.run_id}) in experiment simple_cnn: mlflow ui --backend-store-uri"
+    )
+    assert capsys.readouterr().out.count(where) == 2  # both runs said where they went
     assert [m.step for m in client.get_metric_history(run.info.run_id, "val_acc")] == [9, 19]
     assert run.data.params["dropout"] == "0.25"
     artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}
@@ -50,7 +56,7 @@ def test_mlflow_run_holds_params_metrics_images_and_config_and_resume_continues_
 
 
 @pytest.mark.slow
-def test_csv_and_wandb_offline_presets_write_their_files(tmp_path: Path, monkeypatch) -> None:
+def test_csv_and_wandb_offline_presets_write_their_files(tmp_path: Path, monkeypatch, capsys) -> None:
     monkeypatch.chdir(tmp_path)
     fit(tmp_path, "csv_logger.yaml")
     (run_dir,) = (tmp_path / "logs" / "simple_cnn").glob("version_*")
@@ -62,6 +68,7 @@ def test_csv_and_wandb_offline_presets_write_their_files(tmp_path: Path, monkeyp
 
     fit(tmp_path, "wandb.yaml")
     (offline,) = (tmp_path / "logs" / "wandb").glob("offline-run-*")
+    assert f": wandb sync {offline.relative_to(tmp_path)}\n" in capsys.readouterr().out  # where the run went
     assert list(offline.glob("run-*.wandb"))  # the run, ready for `wandb sync`
     assert (offline / "files" / "config.yaml").is_file()
     assert list((offline / "files" / "media" / "images").rglob("*.png"))
@@ -75,3 +82,14 @@ def test_a_tracker_that_is_not_installed_is_named_with_the_fix(tmp_path: Path) -
     assert result.returncode != 0
     assert "needs the `wandb` package: pip install -e '.[wandb]'" in result.stderr
     assert not (tmp_path / "logs").exists()  # before anything ran
+
+
+def test_each_mlflow_run_of_a_job_has_its_own_name(tmp_path: Path, monkeypatch) -> None:
+    """MLflow names runs from Python's `random`, which every run of a job seeds alike."""
+    monkeypatch.chdir(tmp_path)
+    args = ["--config", JOB, "--config", str(PRESETS / "mlflow.yaml"), "--seed_everything=42"]
+    names = set()
+    for _ in range(2):  # each run created right after its seeding, as in `train.py fit`
+        logger = TemplateCLI(args=args, run=False).trainer.logger
+        names.add(logger.experiment.get_run(logger.run_id).info.run_name)
+    assert len(names) == 2, names
