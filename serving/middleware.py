@@ -1,7 +1,8 @@
 """Refuses a `POST /predict` body that is not JSON or a form before LitServe tries to parse it.
 
-LitServe parses the body in the HTTP process and answers a parse error with a 500; a client
-that sent malformed JSON or a wrong content type should get a 4xx that says so.
+LitServe parses the body in the HTTP process and answers any parse error with a 500: a client
+that sent malformed JSON, JSON nested too deeply, a broken form (no boundary, bad parts) or a
+wrong content type should get a 4xx that says so. The body is parsed here once to find out.
 """
 
 from __future__ import annotations
@@ -9,6 +10,8 @@ from __future__ import annotations
 import json
 
 from starlette.exceptions import HTTPException
+from starlette.formparsers import MultiPartException
+from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -23,14 +26,12 @@ class CheckRequestBody:
         if scope["type"] != "http" or scope["method"] != "POST" or scope["path"] != self.path:
             await self.app(scope, receive, send)
             return
-        headers = {key.decode("latin-1"): value.decode("latin-1") for key, value in scope["headers"]}
-        content_type = headers.get("content-type", "").split(";")[0].strip().lower()
-        if content_type in FORM_TYPES:
-            await self.app(scope, receive, send)
-            return
-        if content_type != "application/json":
+        headers = {key.decode("latin-1").lower(): value.decode("latin-1") for key, value in scope["headers"]}
+        media_type, _, params = headers.get("content-type", "").partition(";")
+        media_type = media_type.strip().lower()
+        if media_type not in (*FORM_TYPES, "application/json"):
             expected = "application/json (a JSON object) or multipart/form-data (file uploads)"
-            await self._refuse(scope, receive, send, 415, f"Content-Type {content_type or 'missing'}; send {expected}.")
+            await self._refuse(scope, receive, send, 415, f"Content-Type {media_type or 'missing'}; send {expected}.")
             return
         messages: list[Message] = []
         while True:  # read here; LitServe's MaxSizeMiddleware (`--max_payload_mb`) raises past the limit
@@ -42,16 +43,43 @@ class CheckRequestBody:
             messages.append(message)
             if message["type"] != "http.request" or not message.get("more_body"):
                 break
-        try:
-            json.loads(b"".join(m.get("body", b"") for m in messages))
-        except (ValueError, UnicodeDecodeError) as err:
-            await self._refuse(scope, receive, send, 400, f"the body is not valid JSON ({err}).")
+
+        def replay() -> Receive:
+            queue = list(messages)
+
+            async def next_message() -> Message:
+                return queue.pop(0) if queue else await receive()
+
+            return next_message
+
+        # LitServe tells a form from JSON by comparing the header's text: give it the media type as it expects it.
+        content_type = f"{media_type}; {params.strip()}" if media_type == "multipart/form-data" else media_type
+        scope = {**scope, "headers": [(k, v) for k, v in scope["headers"] if k.lower() != b"content-type"]}
+        scope["headers"].append((b"content-type", content_type.encode("latin-1")))
+        problem = await self._parse_error(media_type, scope, replay(), messages)
+        if problem:
+            await self._refuse(scope, receive, send, 400, problem)
             return
+        await self.app(scope, replay(), send)
 
-        async def replay() -> Message:
-            return messages.pop(0) if messages else await receive()
-
-        await self.app(scope, replay, send)
+    @staticmethod
+    async def _parse_error(media_type: str, scope: Scope, receive: Receive, messages: list[Message]) -> str | None:
+        """Why the body cannot be parsed as `media_type`, or None."""
+        if media_type == "application/json":
+            try:
+                json.loads(b"".join(m.get("body", b"") for m in messages))
+            except (ValueError, UnicodeDecodeError) as err:
+                return f"the body is not valid JSON ({err})."
+            except RecursionError:  # nesting deeper than Python's recursion limit
+                return "the body is JSON nested too deeply."
+            return None
+        try:
+            form = await Request(scope, receive).form()
+        except (HTTPException, MultiPartException) as err:
+            detail = err.detail if isinstance(err, HTTPException) else err.message
+            return f"the body is not a valid {media_type} form ({detail.rstrip('.')})."
+        await form.close()
+        return None
 
     @staticmethod
     async def _refuse(scope: Scope, receive: Receive, send: Send, status: int, detail: str) -> None:
