@@ -20,7 +20,7 @@ from types import FrameType
 
 import litserve as ls
 
-from serving.api import ClassifierAPI
+from serving.api import ClassifierAPI, predict_openapi
 from serving.backends import load_backend
 from serving.middleware import CheckRequestBody
 
@@ -66,7 +66,7 @@ def build_server(args: argparse.Namespace) -> ls.LitServer:
         model_path, max_inputs=args.max_inputs, max_batch_size=args.max_batch_size, batch_timeout=args.batch_timeout
     )
     devices = args.devices if args.devices == "auto" else int(args.devices)
-    return ls.LitServer(
+    server = ls.LitServer(
         api,
         accelerator=onnx_accelerator(args.accelerator) if args.onnx_path else args.accelerator,
         devices=devices,
@@ -81,6 +81,10 @@ def build_server(args: argparse.Namespace) -> ls.LitServer:
             "class_names": list(spec["class_names"]),
         },
     )
+    for route in server.app.routes:
+        if getattr(route, "path", None) == "/predict":
+            route.openapi_extra = predict_openapi(spec["kind"], args.max_inputs)
+    return server
 
 
 def interrupt(signum: int, frame: FrameType | None) -> None:

@@ -8,6 +8,7 @@ wrong content type should get a 4xx that says so. The body is parsed here once t
 from __future__ import annotations
 
 import json
+from typing import Any
 
 from starlette.exceptions import HTTPException
 from starlette.formparsers import MultiPartException
@@ -16,6 +17,18 @@ from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 FORM_TYPES = ("multipart/form-data", "application/x-www-form-urlencoded")
+MAX_JSON_NESTING = 32
+
+
+def nesting(value: Any) -> int:
+    """How many arrays and objects deep `value` goes (iterative: the value may be too deep for recursion)."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        item, level = stack.pop()
+        if isinstance(item, dict | list):
+            deepest = max(deepest, level)
+            stack.extend((child, level + 1) for child in (item.values() if isinstance(item, dict) else item))
+    return deepest
 
 
 class CheckRequestBody:
@@ -67,11 +80,14 @@ class CheckRequestBody:
         """Why the body cannot be parsed as `media_type`, or None."""
         if media_type == "application/json":
             try:
-                json.loads(b"".join(m.get("body", b"") for m in messages))
+                body = json.loads(b"".join(m.get("body", b"") for m in messages))
             except (ValueError, UnicodeDecodeError) as err:
                 return f"the body is not valid JSON ({err})."
             except RecursionError:  # nesting deeper than Python's recursion limit
-                return "the body is JSON nested too deeply."
+                body = None
+            # LitServe pickles the body to the worker, which fails past a few hundred levels: refuse it here.
+            if body is None or nesting(body) > MAX_JSON_NESTING:
+                return f"the body is JSON nested more than {MAX_JSON_NESTING} levels deep (a request has 2)."
             return None
         try:
             form = await Request(scope, receive).form()
