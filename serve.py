@@ -112,6 +112,8 @@ def main(argv: list[str] | None = None) -> None:
         for child in multiprocessing.active_children():
             child.terminate()
             child.join(timeout=10)
+            if child.is_alive():
+                child.kill()
 
 
 if __name__ == "__main__":
