@@ -39,7 +39,7 @@ class CheckRequestBody:
         if scope["type"] != "http" or scope["method"] != "POST" or scope["path"] != self.path:
             await self.app(scope, receive, send)
             return
-        headers = {key.decode("latin-1").lower(): value.decode("latin-1") for key, value in scope["headers"]}
+        headers = {key.decode("latin-1"): value.decode("latin-1") for key, value in scope["headers"]}
         media_type, _, params = headers.get("content-type", "").partition(";")
         media_type = media_type.strip().lower()
         if media_type not in (*FORM_TYPES, "application/json"):
@@ -67,7 +67,7 @@ class CheckRequestBody:
 
         # LitServe tells a form from JSON by comparing the header's text: give it the media type as it expects it.
         content_type = f"{media_type}; {params.strip()}" if media_type == "multipart/form-data" else media_type
-        scope = {**scope, "headers": [(k, v) for k, v in scope["headers"] if k.lower() != b"content-type"]}
+        scope = {**scope, "headers": [(k, v) for k, v in scope["headers"] if k != b"content-type"]}
         scope["headers"].append((b"content-type", content_type.encode("latin-1")))
         problem = await self._parse_error(media_type, scope, replay(), messages)
         if problem:
@@ -80,13 +80,12 @@ class CheckRequestBody:
         """Why the body cannot be parsed as `media_type`, or None."""
         if media_type == "application/json":
             try:
-                body = json.loads(b"".join(m.get("body", b"") for m in messages))
+                too_deep = nesting(json.loads(b"".join(m.get("body", b"") for m in messages))) > MAX_JSON_NESTING
             except (ValueError, UnicodeDecodeError) as err:
                 return f"the body is not valid JSON ({err})."
-            except RecursionError:  # nesting deeper than Python's recursion limit
-                body = None
-            # LitServe pickles the body to the worker, which fails past a few hundred levels: refuse it here.
-            if body is None or nesting(body) > MAX_JSON_NESTING:
+            except RecursionError:  # deeper than Python's recursion limit
+                too_deep = True
+            if too_deep:  # LitServe pickles the body to the worker, which fails past a few hundred levels
                 return f"the body is JSON nested more than {MAX_JSON_NESTING} levels deep (a request has 2)."
             return None
         try:
