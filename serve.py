@@ -12,12 +12,15 @@ Request and answer formats: lightning_template/serving/api.py.
 from __future__ import annotations
 
 import argparse
+import multiprocessing
+import signal
 import sys
 from pathlib import Path
+from types import FrameType
 
 import litserve as ls
 
-from lightning_template.serving.api import ClassifierAPI
+from lightning_template.serving.api import ClassifierAPI, predict_openapi
 from lightning_template.serving.backends import load_backend
 from lightning_template.serving.middleware import CheckRequestBody
 
@@ -44,6 +47,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+def onnx_accelerator(requested: str) -> str:
+    """`auto` for onnxruntime: CUDA if a GPU is listed and onnxruntime has CUDA, else CPU. LitServe's own `auto`
+    imports torch (to look for Apple's MPS) when no NVIDIA GPU is listed, and the ONNX server never needs it."""
+    if requested != "auto":
+        return requested
+    import onnxruntime
+    from litserve.connector import check_cuda_with_nvidia_smi  # `nvidia-smi -L`, as LitServe counts GPUs
+
+    cuda = check_cuda_with_nvidia_smi() > 0 and "CUDAExecutionProvider" in onnxruntime.get_available_providers()
+    return "cuda" if cuda else "cpu"
+
+
 def build_server(args: argparse.Namespace) -> ls.LitServer:
     model_path = args.ckpt_path or args.onnx_path
     spec = load_backend(model_path).spec  # fails here, before any worker starts, if the file is unusable
@@ -51,9 +66,9 @@ def build_server(args: argparse.Namespace) -> ls.LitServer:
         model_path, max_inputs=args.max_inputs, max_batch_size=args.max_batch_size, batch_timeout=args.batch_timeout
     )
     devices = args.devices if args.devices == "auto" else int(args.devices)
-    return ls.LitServer(
+    server = ls.LitServer(
         api,
-        accelerator=args.accelerator,
+        accelerator=onnx_accelerator(args.accelerator) if args.onnx_path else args.accelerator,
         devices=devices,
         workers_per_device=args.workers_per_device,
         timeout=args.timeout,
@@ -66,6 +81,19 @@ def build_server(args: argparse.Namespace) -> ls.LitServer:
             "class_names": list(spec["class_names"]),
         },
     )
+    for route in server.app.routes:
+        if getattr(route, "path", None) == "/predict":
+            route.openapi_extra = predict_openapi(spec["kind"], args.max_inputs)
+    return server
+
+
+def interrupt(signum: int, frame: FrameType | None) -> None:
+    """SIGTERM as Ctrl-C. LitServe stops its API server and worker processes on KeyboardInterrupt only; `kill`,
+    `docker stop` and Kubernetes send SIGTERM to this process alone, which by default would die and leave them
+    serving (or, as a container's PID 1, ignore it)."""
+    if multiprocessing.parent_process() is not None:  # a process LitServe forked, which inherited this handler
+        sys.exit(128 + signum)
+    raise KeyboardInterrupt
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -74,7 +102,18 @@ def main(argv: list[str] | None = None) -> None:
         server = build_server(args)
     except (FileNotFoundError, ValueError) as err:
         sys.exit(f"serve.py: {err}")
-    server.run(host=args.host, port=args.port, generate_client_file=False, num_api_servers=1)
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        server.run(host=args.host, port=args.port, generate_client_file=False, num_api_servers=1)
+    except KeyboardInterrupt:
+        pass  # stopped while starting: LitServe's shutdown does not run then, the loop below stops its processes
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        for child in multiprocessing.active_children():
+            child.terminate()
+            child.join(timeout=10)
+            if child.is_alive():
+                child.kill()
 
 
 if __name__ == "__main__":

@@ -26,6 +26,25 @@ from lightning_template.serving.backends import load_backend
 from lightning_template.serving.preprocess import BadInput, preprocessor
 
 UPLOAD_FIELDS = ("file", "files")
+BASE64_FILE = {"type": "string", "contentEncoding": "base64", "description": "an image file (PNG, JPEG, ...)"}
+
+
+def predict_openapi(kind: str, max_inputs: int) -> dict[str, Any]:
+    """The `POST /predict` request body for the OpenAPI schema (`/openapi.json`, `/docs`), which LitServe leaves
+    empty because `decode_request` reads the raw request."""
+    field, item = ("texts", {"type": "string", "minLength": 1}) if kind == "text" else ("images", BASE64_FILE)
+    one = field.removesuffix("s")
+    some = {"minItems": 1, "maxItems": max_inputs}
+    as_json = {
+        "oneOf": [
+            {"type": "object", "properties": {name: value}, "required": [name], "additionalProperties": False}
+            for name, value in ((field, {"type": "array", "items": item, **some}), (one, item))
+        ]
+    }
+    files = {"type": "array", "items": {"type": "string", "format": "binary"}, **some}
+    as_form = {"type": "object", "properties": {"file": files}, "required": ["file"]}
+    content = {"application/json": {"schema": as_json}, "multipart/form-data": {"schema": as_form}}
+    return {"requestBody": {"required": True, "content": content}}
 
 
 class ClassifierAPI(ls.LitAPI):

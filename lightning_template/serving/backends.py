@@ -59,7 +59,9 @@ class TorchBackend:
         model_class = getattr(importlib.import_module(module_name), class_name, None)
         if not (isinstance(model_class, type) and issubclass(model_class, LightningModule)):
             raise ValueError(f"{ckpt_path}: {class_path!r} is not a LightningModule of lightning_template/models/.")
-        hparams = {k: v for k, v in hparams.items() if not k.startswith("_")}
+        # Serving never trains: the optimizer is left at the model's default, so its class path (any module
+        # the file names) is never imported.
+        hparams = {k: v for k, v in hparams.items() if not k.startswith("_") and k != "optimizer"}
         if "weights" in hparams:
             hparams["weights"] = None  # the checkpoint's weights replace them: do not read the original file
         self.model = model_class(**hparams)

@@ -9,7 +9,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import requests
@@ -25,7 +25,16 @@ def free_port() -> int:
 
 @contextlib.contextmanager
 def background_server(*args: str, cwd: Path, startup_s: float = 90) -> Iterator[str]:
-    """Start `serve.py *args` on a free port of 127.0.0.1 and yield its URL once /health answers.
+    """Start `serve.py *args` on a free port of 127.0.0.1 and yield its URL once /health answers."""
+    with server_process(*args, cwd=cwd, startup_s=startup_s) as (url, _):
+        yield url
+
+
+@contextlib.contextmanager
+def server_process(
+    *args: str, cwd: Path, startup_s: float = 90, prefix: Sequence[str] = ()
+) -> Iterator[tuple[str, subprocess.Popen]]:
+    """`background_server`, yielding the URL and the process (`prefix` runs it under another command).
 
     The server runs in its own process group (LitServe starts worker processes), stopped on exit.
     Its output goes to `cwd/serve-<port>.log`, quoted if it dies before becoming healthy.
@@ -34,7 +43,7 @@ def background_server(*args: str, cwd: Path, startup_s: float = 90) -> Iterator[
     log_path = cwd / f"serve-{port}.log"
     with open(log_path, "w") as log:
         process = subprocess.Popen(
-            [sys.executable, str(SERVE), *args, "--port", str(port)],
+            [*prefix, sys.executable, str(SERVE), *args, "--port", str(port)],
             cwd=cwd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
         )  # fmt: skip
         url = f"http://127.0.0.1:{port}"
@@ -49,9 +58,10 @@ def background_server(*args: str, cwd: Path, startup_s: float = 90) -> Iterator[
                 if time.monotonic() > deadline:
                     raise TimeoutError(f"serve.py did not become healthy in {startup_s} s; see {log_path}")
                 time.sleep(0.5)
-            yield url
+            yield url, process
         finally:
-            os.killpg(process.pid, signal.SIGTERM)
+            with contextlib.suppress(ProcessLookupError):  # a test may have stopped it already
+                os.killpg(process.pid, signal.SIGTERM)
             try:
                 process.wait(timeout=30)
             except subprocess.TimeoutExpired:

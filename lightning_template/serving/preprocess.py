@@ -24,6 +24,9 @@ from PIL import Image
 from lightning_template.input_spec import center_crop, normalization, resized_size, split_words
 
 MAX_PIXELS = 40_000_000  # refuse larger images before decoding them (PIL's own bomb guard is at 179 MP)
+# Resizing the short side keeps the aspect ratio: a 1x3000 image would become 256x768,000 (800 MB, seconds of
+# one worker). Only the central crop is used, so a resized image past this is refused from its header.
+MAX_RESIZED_PIXELS = 4_000_000
 EIGHT_BIT_MODES = ("L", "LA", "RGB", "RGBA")
 
 
@@ -87,6 +90,14 @@ class ImagePreprocessor:
             )
         if width * height > MAX_PIXELS:
             raise BadInput(f"input {index}: {width}x{height} pixels, more than {MAX_PIXELS:,}.", status=413)
+        if self.resize:
+            new_width, new_height = resized_size(size, self.resize)
+            if new_width * new_height > MAX_RESIZED_PIXELS:
+                raise BadInput(
+                    f"input {index}: {width}x{height} pixels would be resized to {new_width}x{new_height}, more than"
+                    f" {MAX_RESIZED_PIXELS:,} pixels; crop it to a less elongated shape.",
+                    status=413,
+                )
 
     def _to_model_mode(self, image: Image.Image, index: int) -> Image.Image:
         """The image as training read it: converted to `convert` (file datasets convert every file), else an
