@@ -32,6 +32,7 @@ from PIL import Image
 import lightning_template.data  # noqa: F401  (registers the datamodules for --data)
 from lightning_template.data import ImageFolderDataModule, InMemoryImageDataModule, TextClassificationDataModule
 from lightning_template.data.image_folder import CorruptImageError
+from lightning_template.errors import ConfigError, InterfaceError
 from lightning_template.streaming.datamodules import (
     FORMAT_VERSION,
     METADATA_FILE,
@@ -126,14 +127,14 @@ def splits_and_metadata(
     if isinstance(datamodule, InMemoryImageDataModule):
         channels, height, width = datamodule.input_shape
         if height != width:
-            raise ValueError(f"{type(datamodule).__name__}: only square images can be streamed ({height}x{width}).")
+            raise ConfigError(f"{type(datamodule).__name__}: only square images can be streamed ({height}x{width}).")
         items = {s: InMemoryItems(d.images.numpy(), d.labels.numpy(), encoded) for s, d in splits.items()}
         stored, crop, mean, std = height, height, datamodule.mean, datamodule.std
     elif isinstance(datamodule, ImageFolderDataModule):
         channels, crop = 3, datamodule.input_shape[1]
         stored = size or datamodule.resize_size
         if stored < crop:
-            raise ValueError(f"--size {stored} is smaller than the network's input ({crop}); use {crop} or more.")
+            raise ConfigError(f"--size {stored} is smaller than the network's input ({crop}); use {crop} or more.")
         items = {s: FileItems(d.samples, encoded, stored) for s, d in splits.items()}
         mean, std = datamodule.hparams.mean, datamodule.hparams.std
     elif isinstance(datamodule, TextClassificationDataModule):
@@ -145,7 +146,7 @@ def splits_and_metadata(
         )
         return items, metadata
     else:
-        raise TypeError(f"convert.py does not know how to read {type(datamodule).__name__}.")
+        raise InterfaceError(f"convert.py does not know how to read {type(datamodule).__name__}.")
     metadata.update(
         kind="image",
         image={
@@ -171,7 +172,7 @@ def convert(
 
     items, metadata = splits_and_metadata(datamodule, images, size)
     if not any(map(len, items.values())):
-        raise ValueError(f"{metadata['source']}: every split is empty; nothing to convert (check the data's files).")
+        raise ConfigError(f"{metadata['source']}: every split is empty; nothing to convert (check the data's files).")
     remove_metadata(output, storage_options)  # first: from now until the end, the folder reads as unfinished
     metadata["splits"] = {}
     for split, item in items.items():
@@ -225,7 +226,7 @@ def job_data(job: str) -> list[str]:
     """`--data <json>` for the data section of a job config, placed before the user's --data.* flags."""
     config = yaml.safe_load(Path(job).read_text()) or {}
     if "data" not in config:
-        raise ValueError(f"--job {job}: no `data:` section in this config.")
+        raise ConfigError(f"--job {job}: no `data:` section in this config.")
     data = config["data"]
     return ["--data", data if isinstance(data, str) else json.dumps(data)]
 
@@ -260,7 +261,7 @@ def main(argv: list[str] | None = None) -> None:
     arg_parser = parser()
     config = arg_parser.instantiate_classes(arg_parser.parse_args(argv))
     if not is_remote(config.output) and Path(config.output).is_file():
-        raise ValueError(f"--output {config.output}: a file; give a folder.")
+        raise ConfigError(f"--output {config.output}: a file; give a folder.")
     convert(
         config.data, config.output, config.images, config.size, config.chunk_bytes, config.num_workers,
         config.storage_options,

@@ -14,6 +14,8 @@ from typing import Any
 import torch
 from lightning import Callback, LightningModule, Trainer
 
+from lightning_template.errors import TemplateError
+
 ADVICE = (
     "Usual causes:\n"
     "  - learning rate too high: lower --model.optimizer.lr, add --model.warmup_epochs 1, "
@@ -26,7 +28,7 @@ ADVICE = (
 )
 
 
-class NonFiniteLossError(FloatingPointError):
+class NonFiniteLossError(TemplateError, FloatingPointError):
     pass
 
 

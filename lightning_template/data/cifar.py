@@ -15,6 +15,7 @@ import torchvision
 
 from lightning_template.data.files import resolve_dataset_dir, torchvision_download
 from lightning_template.data.in_memory import Batch, InMemoryImageDataModule
+from lightning_template.errors import ConfigError
 
 TRAIN_BATCHES = [f"data_batch_{i}" for i in range(1, 6)]
 TEST_BATCH = "test_batch"
@@ -35,7 +36,7 @@ def _read_batches(folder: Path, names: list[str]) -> Batch:
             images.append(np.asarray(entry["data"], dtype=np.uint8).reshape(-1, 3, 32, 32))
             labels.append(np.asarray(entry["labels"], dtype=np.int64))
         except (OSError, pickle.UnpicklingError, EOFError, KeyError, ValueError) as err:
-            raise ValueError(f"{path}: not a CIFAR-10 batch file ({err}). Delete it and run again.") from err
+            raise ConfigError(f"{path}: not a CIFAR-10 batch file ({err}). Delete it and run again.") from err
     return torch.from_numpy(np.concatenate(images)), torch.from_numpy(np.concatenate(labels))
 
 

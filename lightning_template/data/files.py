@@ -5,11 +5,12 @@ from __future__ import annotations
 import socket
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from lightning_template.errors import MissingFileError
 
 DOWNLOAD_TIMEOUT_S = 20.0
 
 
-class DatasetNotFoundError(FileNotFoundError):
+class DatasetNotFoundError(MissingFileError):
     """The dataset is in none of the places we look and could not be downloaded."""
 
 

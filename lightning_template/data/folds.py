@@ -8,18 +8,19 @@ runs all K folds and reports mean ± std.
 from __future__ import annotations
 
 import torch
+from lightning_template.errors import ConfigError
 
 
 def check_fold(num_folds: int | None, fold: int) -> None:
     """Fail at construction, naming the option, before any data is read."""
     if num_folds is None:
         if fold != 0:
-            raise ValueError(f"data.fold={fold} needs data.num_folds (e.g. --data.num_folds 5).")
+            raise ConfigError(f"data.fold={fold} needs data.num_folds (e.g. --data.num_folds 5).")
         return
     if num_folds < 2:
-        raise ValueError(f"data.num_folds={num_folds}: k-fold needs at least 2 folds (or leave it unset).")
+        raise ConfigError(f"data.num_folds={num_folds}: k-fold needs at least 2 folds (or leave it unset).")
     if not 0 <= fold < num_folds:
-        raise ValueError(f"data.fold={fold}: must be in 0..{num_folds - 1} for data.num_folds={num_folds}.")
+        raise ConfigError(f"data.fold={fold}: must be in 0..{num_folds - 1} for data.num_folds={num_folds}.")
 
 
 def fold_split(labels: torch.Tensor, num_folds: int, fold: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -30,7 +31,7 @@ def fold_split(labels: torch.Tensor, num_folds: int, fold: int, seed: int) -> tu
     partition the data: each sample is validated on in exactly one fold.
     """
     if len(labels) < num_folds:
-        raise ValueError(f"data.num_folds={num_folds}: only {len(labels)} training samples.")
+        raise ConfigError(f"data.num_folds={num_folds}: only {len(labels)} training samples.")
     generator = torch.Generator().manual_seed(seed)
     dealt = []
     for label in torch.unique(labels).tolist():

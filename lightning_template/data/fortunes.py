@@ -15,6 +15,7 @@ import argparse
 import json
 import random
 from pathlib import Path
+from lightning_template.errors import MissingFileError
 
 FORTUNES_DIR = Path("/usr/share/games/fortunes")
 DEFAULT_TOPICS = ("computers", "food", "men-women", "politics", "science", "songs-poems", "startrek", "work")
@@ -29,7 +30,7 @@ def read_fortunes(path: Path) -> list[str]:
 def build(out_dir: Path, topics: tuple[str, ...] = DEFAULT_TOPICS, seed: int = 0) -> dict[str, int]:
     missing = [t for t in topics if not (FORTUNES_DIR / t).is_file()]
     if missing:
-        raise FileNotFoundError(f"{FORTUNES_DIR}: no topic files {missing}. Install them: `apt-get install fortunes`.")
+        raise MissingFileError(f"{FORTUNES_DIR}: no topic files {missing}. Install them: `apt-get install fortunes`.")
     splits: dict[str, list[dict[str, str]]] = {"train": [], "val": [], "test": []}
     rng = random.Random(seed)
     for topic in topics:

@@ -11,6 +11,7 @@ import gzip
 from pathlib import Path
 
 import torch
+from lightning_template.errors import ConfigError
 
 SPLIT_FILES = {
     "train": ("train-images-idx3-ubyte", "train-labels-idx1-ubyte"),
@@ -37,15 +38,15 @@ def read_idx(path: Path) -> torch.Tensor:
         with opener(path, "rb") as f:
             data = f.read()
     except (OSError, EOFError) as err:
-        raise ValueError(f"{path}: cannot be read ({err}). Delete it and run again to fetch a fresh copy.") from err
+        raise ConfigError(f"{path}: cannot be read ({err}). Delete it and run again to fetch a fresh copy.") from err
     if len(data) < 4 or data[0] != 0 or data[1] != 0 or data[2] != 0x08:
-        raise ValueError(f"{path}: not an IDX file of unsigned bytes (bad magic number). Delete it and run again.")
+        raise ConfigError(f"{path}: not an IDX file of unsigned bytes (bad magic number). Delete it and run again.")
     ndim = data[3]
     header = 4 + 4 * ndim
     shape = [int.from_bytes(data[4 + 4 * i : 8 + 4 * i], "big") for i in range(ndim)]
     expected = header + int(torch.tensor(shape).prod())
     if len(data) != expected:
-        raise ValueError(
+        raise ConfigError(
             f"{path}: truncated or corrupt ({len(data)} bytes, header says {expected}). Delete it and run again."
         )
     return torch.frombuffer(bytearray(data[header:]), dtype=torch.uint8).reshape(shape)
@@ -57,5 +58,5 @@ def load_split(folder: Path, split: str) -> tuple[torch.Tensor, torch.Tensor]:
     images = read_idx(_existing(folder, image_name) or folder / image_name)
     labels = read_idx(_existing(folder, label_name) or folder / label_name)
     if len(images) != len(labels):
-        raise ValueError(f"{folder}: {split} split has {len(images)} images but {len(labels)} labels.")
+        raise ConfigError(f"{folder}: {split} split has {len(images)} images but {len(labels)} labels.")
     return images.unsqueeze(1), labels.long()

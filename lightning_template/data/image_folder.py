@@ -27,25 +27,26 @@ from torchvision.transforms import v2
 
 from lightning_template.data.folds import check_fold, fold_split
 from lightning_template.resume.sampling import SplitLoaders, make_loader, seeded_sample
+from lightning_template.errors import ConfigError, MissingFileError, DataError
 
 log = logging.getLogger(__name__)
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 
 
-class CorruptImageError(ValueError):
+class CorruptImageError(DataError):
     """An image file that cannot be decoded."""
 
 
 def class_folders(split_dir: Path) -> list[str]:
     if not split_dir.is_dir():
-        raise FileNotFoundError(
+        raise MissingFileError(
             f"{split_dir} not found. ImageFolderDataModule expects <root>/train/<class>/<images>"
             " and <root>/val/<class>/<images> (set --data.root)."
         )
     classes = sorted(entry.name for entry in os.scandir(split_dir) if entry.is_dir())
     if not classes:
-        raise FileNotFoundError(f"{split_dir} has no class sub-folders; expected {split_dir}/<class>/<images>.")
+        raise MissingFileError(f"{split_dir} has no class sub-folders; expected {split_dir}/<class>/<images>.")
     return classes
 
 
@@ -68,7 +69,7 @@ class ClassFolderDataset(ImageFolder):
     def find_classes(self, directory: str | Path) -> tuple[list[str], dict[str, int]]:
         unknown = sorted(set(class_folders(Path(directory))) - set(self.fixed_classes))
         if unknown:
-            raise ValueError(f"{directory}: class folders {unknown} do not exist in the train split.")
+            raise ConfigError(f"{directory}: class folders {unknown} do not exist in the train split.")
         return self.fixed_classes, {name: i for i, name in enumerate(self.fixed_classes)}
 
     def __getitem__(self, index: int | tuple[int, int]) -> tuple[torch.Tensor, int] | None:
@@ -175,7 +176,7 @@ class ImageFolderDataModule(SplitLoaders, LightningDataModule):
     def setup(self, stage: str) -> None:
         if stage == "predict":
             if self.predict_dir is None or not self.predict_dir.is_dir():
-                raise FileNotFoundError(
+                raise MissingFileError(
                     f"predict needs --data.predict_dir (a folder of images); got {self.predict_dir}."
                 )
             paths = sorted(str(p) for p in self.predict_dir.rglob("*") if p.suffix.lower() in IMG_EXTENSIONS)
@@ -206,10 +207,10 @@ class ImageFolderDataModule(SplitLoaders, LightningDataModule):
 
     def loader(self, split: str, shuffle: bool) -> DataLoader:
         if split not in self.splits:
-            raise FileNotFoundError(f"{self.root / split} not found; it is needed for this stage.")
+            raise MissingFileError(f"{self.root / split} not found; it is needed for this stage.")
         if not self.splits[split].samples:  # Lightning would only warn, skip the stage and report success
             folder = self.predict_dir if split == "predict" else self.root / split
-            raise FileNotFoundError(
+            raise MissingFileError(
                 f"{folder}: no images in it or its class folders (image files end in {', '.join(IMG_EXTENSIONS)})."
             )
         return make_loader(
@@ -234,7 +235,7 @@ def compute_mean_std(folder: Path, image_size: int = 224, max_images: int = 5000
     transform = v2.Compose([v2.Resize(image_size, antialias=True), v2.ToImage(), v2.ToDtype(torch.float32, scale=True)])
     paths = sorted(p for p in folder.rglob("*") if p.suffix.lower() in IMG_EXTENSIONS)[:max_images]
     if not paths:
-        raise FileNotFoundError(f"{folder}: no images found.")
+        raise MissingFileError(f"{folder}: no images found.")
     total, total_sq, pixels = torch.zeros(3), torch.zeros(3), 0
     for path in paths:
         image = transform(load_rgb(str(path)))

@@ -19,6 +19,7 @@ from torch.utils.data import DataLoader, Dataset
 from lightning_template.data.folds import check_fold, fold_split
 from lightning_template.input_spec import center_crop_box, normalization
 from lightning_template.resume.sampling import SplitLoaders, make_loader
+from lightning_template.errors import ConfigError
 
 Batch = tuple[torch.Tensor, torch.Tensor]
 
@@ -176,7 +177,7 @@ class InMemoryImageDataModule(DeviceImageTransforms, SplitLoaders, LightningData
         self.train_samples_per_class = train_samples_per_class
         unknown = [c for c in self.classes if not 0 <= c < len(self.all_class_names)]
         if unknown:
-            raise ValueError(
+            raise ConfigError(
                 f"data.classes: {unknown} are not class ids of {type(self).__name__}"
                 f" (0..{len(self.all_class_names) - 1})."
             )
@@ -212,7 +213,7 @@ class InMemoryImageDataModule(DeviceImageTransforms, SplitLoaders, LightningData
         if self.num_folds is not None:
             train_idx, val_idx = fold_split(train_y, self.num_folds, self.fold, self.split_seed)
         elif not 0 < self.val_size < len(train_y):
-            raise ValueError(f"data.val_size={self.val_size} must be between 1 and {len(train_y) - 1}.")
+            raise ConfigError(f"data.val_size={self.val_size} must be between 1 and {len(train_y) - 1}.")
         else:
             generator = torch.Generator().manual_seed(self.split_seed)
             order = torch.randperm(len(train_y), generator=generator)
@@ -237,13 +238,13 @@ class InMemoryImageDataModule(DeviceImageTransforms, SplitLoaders, LightningData
     def _check(self, images: torch.Tensor, labels: torch.Tensor, split: str) -> None:
         if images.dtype != torch.uint8 or tuple(images.shape[1:]) != self.input_shape:
             expected = ", ".join(map(str, self.input_shape))
-            raise ValueError(
+            raise ConfigError(
                 f"{type(self).__name__} {split} images: expected uint8 [N, {expected}],"
                 f" got {images.dtype} {list(images.shape)}."
             )
         bad = (labels < 0) | (labels >= len(self.all_class_names))
         if bad.any():
-            raise ValueError(
+            raise ConfigError(
                 f"{type(self).__name__} {split} labels: {int(bad.sum())} outside [0, {len(self.all_class_names)}),"
                 f" e.g. {labels[bad][:5].tolist()}. Fix the label files or the class count."
             )

@@ -30,6 +30,7 @@ from torch.utils.data import DataLoader, Dataset
 from lightning_template.data.folds import check_fold, fold_split
 from lightning_template.input_spec import TOKEN_PATTERN, split_words
 from lightning_template.resume.sampling import EpochSampler, SplitLoaders, global_seed, make_loader
+from lightning_template.errors import ConfigError, MissingFileError
 
 class WordTokenizer:
     PAD, UNK = "<pad>", "<unk>"
@@ -37,7 +38,7 @@ class WordTokenizer:
 
     def __init__(self, vocab: Sequence[str]) -> None:
         if list(vocab[:2]) != [self.PAD, self.UNK]:
-            raise ValueError("vocab must start with <pad>, <unk>")
+            raise ConfigError("vocab must start with <pad>, <unk>")
         self.vocab = list(vocab)
         self.ids = {word: i for i, word in enumerate(self.vocab)}
 
@@ -66,7 +67,7 @@ class WordTokenizer:
 def read_records(path: Path, text_column: str, label_column: str | None) -> list[tuple[str, str | None]]:
     """(text, label) pairs from .csv, .tsv, .jsonl or (texts only) .txt with one text per line."""
     if not path.is_file():
-        raise FileNotFoundError(f"{path}: file not found.")
+        raise MissingFileError(f"{path}: file not found.")
     suffix = path.suffix.lower()
     if suffix == ".txt":
         return [(line.rstrip("\n"), None) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
@@ -81,9 +82,9 @@ def read_records(path: Path, text_column: str, label_column: str | None) -> list
                 try:
                     rows.append((number, json.loads(line)))
                 except json.JSONDecodeError as err:
-                    raise ValueError(f"{path}:{number}: not a JSON object ({err}).") from err
+                    raise ConfigError(f"{path}:{number}: not a JSON object ({err}).") from err
     else:
-        raise ValueError(f"{path}: unsupported file type {suffix!r}; use .csv, .tsv, .jsonl or .txt.")
+        raise ConfigError(f"{path}: unsupported file type {suffix!r}; use .csv, .tsv, .jsonl or .txt.")
     columns = [text_column] + ([label_column] if label_column else [])
     for number, row in rows:
         missing = [c for c in columns if c not in row]
@@ -95,7 +96,7 @@ def read_records(path: Path, text_column: str, label_column: str | None) -> list
         # A short CSV row (DictReader's None), an empty cell or JSON null would otherwise become a class "None" or "".
         blank = [c for c in columns if row[c] is None or (c == label_column and str(row[c]).strip() == "")]
         if blank:
-            raise ValueError(f"{path}:{number}: {blank[0]!r} is missing or empty; give every record one, or remove it.")
+            raise ConfigError(f"{path}:{number}: {blank[0]!r} is missing or empty; give every record one, or remove it.")
     return [(str(row[text_column]), str(row[label_column]) if label_column else None) for _, row in rows]
 
 
@@ -220,7 +221,7 @@ class TextClassificationDataModule(SplitLoaders, LightningDataModule):
         self.val_fraction, self.split_seed = val_fraction, split_seed
         check_fold(num_folds, fold)
         if num_folds is not None and val_file is not None:
-            raise ValueError("data.num_folds takes the validation folds from train_file: remove --data.val_file.")
+            raise ConfigError("data.num_folds takes the validation folds from train_file: remove --data.val_file.")
         self.max_length = max_length
         self.batch_size, self.bucket_multiplier, self.num_workers = batch_size, bucket_multiplier, num_workers
         self.splits: dict[str, EncodedTexts] = {}
@@ -242,7 +243,7 @@ class TextClassificationDataModule(SplitLoaders, LightningDataModule):
             self.tokenizer = WordTokenizer.build([text for text, _ in self.train_records], max_vocab, min_freq)
             self.class_names = sorted({label for _, label in self.train_records + self.held_out_records})
         else:
-            raise ValueError("TextClassificationDataModule needs --data.train_file (or --ckpt_path of a trained run).")
+            raise ConfigError("TextClassificationDataModule needs --data.train_file (or --ckpt_path of a trained run).")
 
     def _held_out(self, num_folds: int | None, fold: int) -> set[int]:
         """Indices of train_file held out for validation: fold `fold`, or a seeded `val_fraction`."""
@@ -277,7 +278,7 @@ class TextClassificationDataModule(SplitLoaders, LightningDataModule):
         label_ids = {name: i for i, name in enumerate(self.class_names)}
         unknown = sorted({label for _, label in records if with_labels and label not in label_ids})
         if unknown:
-            raise ValueError(f"{source}: labels {unknown[:10]} do not occur in the training labels {self.class_names}.")
+            raise ConfigError(f"{source}: labels {unknown[:10]} do not occur in the training labels {self.class_names}.")
         ids = [self.tokenizer.encode(text, self.max_length) for text, _ in records]
         labels = [label_ids[label] if with_labels else -1 for _, label in records]  # type: ignore[index]
         return EncodedTexts(ids, labels)
@@ -288,7 +289,7 @@ class TextClassificationDataModule(SplitLoaders, LightningDataModule):
     def setup(self, stage: str) -> None:
         if stage == "predict":
             if self.files["predict"] is None:
-                raise ValueError("predict needs --data.predict_file (a .txt with one text per line, or .csv/.jsonl).")
+                raise ConfigError("predict needs --data.predict_file (a .txt with one text per line, or .csv/.jsonl).")
             records = self._read("predict", with_labels=False)
             self.splits["predict"] = self._encode(records, self.files["predict"], with_labels=False)
             self.predict_texts = [text for text, _ in records]
@@ -303,7 +304,7 @@ class TextClassificationDataModule(SplitLoaders, LightningDataModule):
 
     def loader(self, split: str, shuffle: bool) -> DataLoader:
         if split not in self.splits:
-            raise ValueError(f"No {split} data: set --data.{split}_file.")
+            raise ConfigError(f"No {split} data: set --data.{split}_file.")
         dataset = self.splits[split]
         bucketing = None
         if shuffle:

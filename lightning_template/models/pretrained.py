@@ -17,8 +17,10 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from lightning_template.errors import ConfigError
 
-class WeightsError(ValueError):
+
+class WeightsError(ConfigError):
     """A weights file or name that cannot be used for this network."""
 
 

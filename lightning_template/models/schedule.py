@@ -10,6 +10,8 @@ from lightning.pytorch.utilities import rank_zero_warn
 from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LRScheduler
 
+from lightning_template.errors import ConfigError
+
 ScheduleName = Literal["cosine", "step", "constant"]
 
 
@@ -21,7 +23,7 @@ def steps_per_epoch(trainer: Trainer) -> int:
 def check_run_length(schedule: ScheduleName, max_epochs: int | None, max_steps: int) -> None:
     """A cosine schedule decays to the last step, so the run needs one."""
     if schedule == "cosine" and max_steps == -1 and max_epochs == -1:
-        raise ValueError(
+        raise ConfigError(
             "model.schedule=cosine needs a finite run: set trainer.max_epochs or trainer.max_steps"
             " (or use --model.schedule constant / step)."
         )

@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from lightning_template.errors import ConfigError
 from lightning_template.models.base import ClassificationModule
 from lightning_template.models.seam import ClassifierNet
 
@@ -25,7 +26,7 @@ class MultiHeadSelfAttention(nn.Module):
     def __init__(self, dim: int, num_heads: int, dropout: float = 0.0, use_sdpa: bool = True) -> None:
         super().__init__()
         if dim % num_heads:
-            raise ValueError(f"dim={dim} must be divisible by num_heads={num_heads}.")
+            raise ConfigError(f"dim={dim} must be divisible by num_heads={num_heads}.")
         self.num_heads = num_heads
         self.head_dim = dim // num_heads
         self.dropout = dropout
@@ -89,7 +90,7 @@ class PatchEmbedding(nn.Module):
         super().__init__()
         channels, height, width = input_shape
         if height % patch_size or width % patch_size:
-            raise ValueError(f"Image size {height}x{width} is not divisible by patch_size={patch_size}.")
+            raise ConfigError(f"Image size {height}x{width} is not divisible by patch_size={patch_size}.")
         self.num_patches = (height // patch_size) * (width // patch_size)
         # A strided conv is a linear map of each flattened patch.
         self.proj = nn.Conv2d(channels, dim, kernel_size=patch_size, stride=patch_size)
@@ -130,7 +131,7 @@ class TransformerNet(ClassifierNet):
         x, padding_mask = self.adapter(inputs)
         batch, tokens, _ = x.shape
         if tokens + 1 > self.pos_embed.shape[1]:
-            raise ValueError(f"{tokens} tokens exceed max_length={self.pos_embed.shape[1] - 1}; truncate the input.")
+            raise ConfigError(f"{tokens} tokens exceed max_length={self.pos_embed.shape[1] - 1}; truncate the input.")
         x = torch.cat([self.cls_token.expand(batch, -1, -1), x], dim=1) + self.pos_embed[:, : tokens + 1]
         if padding_mask is not None:
             padding_mask = F.pad(padding_mask, (1, 0), value=False)  # [CLS] is never padding
@@ -192,6 +193,6 @@ class TransformerClassifier(ClassificationModule):
             adapter = PatchEmbedding(tuple(input_shape), patch_size, dim)
             max_tokens = adapter.num_patches
         else:
-            raise ValueError("TransformerClassifier needs vocab_size (text) or input_shape (images) from the data.")
+            raise ConfigError("TransformerClassifier needs vocab_size (text) or input_shape (images) from the data.")
         net = TransformerNet(adapter, num_classes, max_tokens, dim, depth, num_heads, mlp_ratio, dropout, pooling)
         super().__init__(net, **kwargs)

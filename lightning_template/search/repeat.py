@@ -16,6 +16,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from lightning_template.errors import ConfigError
 from lightning_template.search import runs
 
 
@@ -23,7 +24,7 @@ def variants(seeds: list[int] | None, folds: int | None) -> list[tuple[str, list
     """(run folder, flags) for each seed or each fold."""
     if folds is not None:
         if folds < 2:
-            raise ValueError(f"--folds {folds}: k-fold needs at least 2 folds.")
+            raise ConfigError(f"--folds {folds}: k-fold needs at least 2 folds.")
         return [(f"fold_{i}", [f"--data.num_folds={folds}", f"--data.fold={i}"]) for i in range(folds)]
     return [(f"seed_{s}", [f"--seed_everything={s}"]) for s in seeds or []]
 
@@ -66,7 +67,7 @@ def _refuse_other_settings(out: Path, folder: str, now: dict[str, Any]) -> None:
         if file.is_file():
             before = json.loads(file.read_text()).get("settings", now)  # runs saved without settings: kept
             if before != now:
-                raise ValueError(
+                raise ConfigError(
                     f"{out / folder} was run with other train.py settings ({runs.differences(before, now)}):"
                     f" give --name a new name for a new set of runs, or delete {out} to run this set again."
                 )

@@ -22,12 +22,13 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from lightning_template.callbacks.tracking import RUN_ARG, logger_type, run_dir, tracker_runs_of
 from lightning_template.cli import ROOT, TemplateCLI, installed_callbacks
+from lightning_template.errors import ConfigError
 
 # Runs here are driven with explicit flags by design, whatever this process's own argv is.
 warnings.filterwarnings("ignore", message="LightningCLI's args parameter is intended")
 
 
-class FlagError(ValueError):
+class FlagError(ConfigError):
     """train.py would refuse these flags (unknown key, wrong type)."""
 
 

@@ -34,6 +34,7 @@ from optuna.storages import RDBStorage
 from optuna.trial import FrozenTrial, TrialState, create_trial
 from optuna_integration import PyTorchLightningPruningCallback
 
+from lightning_template.errors import ConfigError
 from lightning_template.search import runs
 from lightning_template.search.space import Param
 
@@ -42,7 +43,7 @@ COUNTED = (TrialState.COMPLETE, TrialState.PRUNED)
 NOT_RUN = ("error", "surplus", "duplicate_of")  # FAIL trials that are not re-queued
 
 
-class SearchError(ValueError):
+class SearchError(ConfigError):
     pass
 
 

@@ -17,10 +17,12 @@ from typing import Any
 import optuna
 import yaml
 
+from lightning_template.errors import ConfigError
+
 KINDS = ("uniform", "log_uniform", "int", "log_int", "choice")
 
 
-class SpaceError(ValueError):
+class SpaceError(ConfigError):
     pass
 
 

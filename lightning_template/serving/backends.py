@@ -13,6 +13,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from lightning_template.errors import ConfigError, MissingFileError
 from lightning_template.input_spec import SPEC_KEY
 from lightning_template.serving.preprocess import softmax
 
@@ -40,12 +41,12 @@ class TorchBackend:
             checkpoint = torch.load(ckpt_path, map_location="cpu", weights_only=True)
         except Exception as err:  # a truncated or foreign file: torch says why
             reason = str(err).strip().splitlines()[0][:200]
-            raise ValueError(
+            raise ConfigError(
                 f"{ckpt_path}: not a readable PyTorch checkpoint ({type(err).__name__}: {reason})."
             ) from None
         self.spec = checkpoint.get(SPEC_KEY)
         if self.spec is None:
-            raise ValueError(
+            raise ConfigError(
                 f"{ckpt_path} has no input spec ('{SPEC_KEY}'); it was written before serving existed or outside"
                 " train.py. Retrain with train.py, or add lightning_template.callbacks.ServingSpec to the Trainer."
             )
@@ -55,10 +56,10 @@ class TorchBackend:
         # Only this project's models: the class path comes from the file, and a checkpoint must not be
         # able to make the server import or call anything else.
         if not module_name.startswith("lightning_template.models"):
-            raise ValueError(f"{ckpt_path}: the model class {class_path!r} is not one of lightning_template.models.")
+            raise ConfigError(f"{ckpt_path}: the model class {class_path!r} is not one of lightning_template.models.")
         model_class = getattr(importlib.import_module(module_name), class_name, None)
         if not (isinstance(model_class, type) and issubclass(model_class, LightningModule)):
-            raise ValueError(f"{ckpt_path}: {class_path!r} is not a LightningModule of lightning_template/models/.")
+            raise ConfigError(f"{ckpt_path}: {class_path!r} is not a LightningModule of lightning_template/models/.")
         # Serving never trains: the optimizer is left at the model's default, so its class path (any module
         # the file names) is never imported.
         hparams = {k: v for k, v in hparams.items() if not k.startswith("_") and k != "optimizer"}
@@ -83,7 +84,7 @@ class OnnxBackend:
         onnx_path = Path(onnx_path)
         spec_path = onnx_path.with_name(SPEC_FILE)
         if not spec_path.is_file():
-            raise FileNotFoundError(f"{spec_path} not found: export.py writes it next to {onnx_path.name}.")
+            raise MissingFileError(f"{spec_path} not found: export.py writes it next to {onnx_path.name}.")
         self.spec = json.loads(spec_path.read_text())
         providers = ["CUDAExecutionProvider", "CPUExecutionProvider"] if device.startswith("cuda") else None
         self.session = onnxruntime.InferenceSession(str(onnx_path), providers=providers or ["CPUExecutionProvider"])
@@ -97,5 +98,5 @@ def load_backend(model_path: str | Path, device: str = "cpu") -> Backend:
     """TorchBackend for a checkpoint (.ckpt), OnnxBackend for an .onnx file."""
     path = Path(model_path)
     if not path.is_file():
-        raise FileNotFoundError(f"{path}: no such file. Give a checkpoint (.ckpt) or an exported net.onnx.")
+        raise MissingFileError(f"{path}: no such file. Give a checkpoint (.ckpt) or an exported net.onnx.")
     return OnnxBackend(path, device) if path.suffix == ".onnx" else TorchBackend(path, device)

@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
+from lightning_template.errors import ConfigError, TemplateError
 from lightning_template.input_spec import center_crop, normalization, resized_size, split_words
 
 MAX_PIXELS = 40_000_000  # refuse larger images before decoding them (PIL's own bomb guard is at 179 MP)
@@ -30,7 +31,7 @@ MAX_RESIZED_PIXELS = 4_000_000
 EIGHT_BIT_MODES = ("L", "LA", "RGB", "RGBA")
 
 
-class BadInput(ValueError):
+class BadInput(TemplateError, ValueError):
     """A request the server refuses, with the HTTP status and a message for the client."""
 
     def __init__(self, message: str, status: int = 400) -> None:
@@ -174,7 +175,9 @@ Preprocessor = ImagePreprocessor | TextPreprocessor
 def preprocessor(spec: dict[str, Any]) -> Preprocessor:
     kinds = {"image": ImagePreprocessor, "text": TextPreprocessor}
     if spec.get("kind") not in kinds:
-        raise ValueError(f"unknown input kind {spec.get('kind')!r} in the serving spec; expected one of {list(kinds)}.")
+        raise ConfigError(
+            f"unknown input kind {spec.get('kind')!r} in the serving spec; expected one of {list(kinds)}."
+        )
     return kinds[spec["kind"]](spec)
 
 

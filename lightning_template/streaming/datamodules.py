@@ -34,6 +34,7 @@ from torch.utils.data import DataLoader, Dataset, default_collate
 
 from lightning_template.data.in_memory import DeviceImageTransforms
 from lightning_template.data.text import PadCollate
+from lightning_template.errors import DataError
 from lightning_template.input_spec import center_crop, resized_size
 from lightning_template.resume.sampling import SplitLoaders, derive_seed, global_seed, make_loader, world
 
@@ -45,7 +46,7 @@ SPLITS = ("train", "val", "test")
 REMOTE_TIMEOUT_S = 30.0
 
 
-class StreamingDataError(ValueError):
+class StreamingDataError(DataError):
     """A converted dataset that is missing, unfinished or damaged."""
 
 

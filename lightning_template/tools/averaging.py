@@ -22,6 +22,8 @@ from lightning.pytorch.callbacks import EMAWeightAveraging as LightningEMA
 from lightning.pytorch.callbacks import WeightAveraging
 from lightning.pytorch.trainer.states import TrainerFn
 
+from lightning_template.errors import ConfigError
+
 
 class AverageOnlyInFit:
     """Mixin for a `WeightAveraging` subclass (see the module docstring)."""
@@ -81,7 +83,7 @@ class SWAWeightAveraging(AverageOnlyInFit, WeightAveraging):
         if not isinstance(self.swa_epoch_start, float):
             return self.swa_epoch_start
         if not 0 <= self.swa_epoch_start < 1 or not trainer.max_epochs or trainer.max_epochs < 1:
-            raise ValueError(
+            raise ConfigError(
                 f"SWAWeightAveraging: swa_epoch_start={self.swa_epoch_start} as a fraction needs 0 <= it < 1 and"
                 f" --trainer.max_epochs (got {trainer.max_epochs}); give an epoch index (an int) instead."
             )

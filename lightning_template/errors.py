@@ -1,0 +1,25 @@
+"""The one base class of the errors a user can fix: a file, an option, a checkpoint or data that cannot work.
+
+Its message names what is wrong and the fix. The scripts print such an error as one line, without the traceback
+(`--debug` or TEMPLATE_DEBUG=1 shows it); every other exception keeps its traceback, as a bug should.
+"""
+
+
+class TemplateError(Exception):
+    """Base of every error the template raises about its input."""
+
+
+class ConfigError(TemplateError, ValueError):
+    """An option, config file, checkpoint or weights file that cannot work as given."""
+
+
+class MissingFileError(TemplateError, FileNotFoundError):
+    """A file or folder that is not where the option says."""
+
+
+class DataError(TemplateError, ValueError):
+    """Data files that are not what the datamodule reads: corrupt, empty, mislabelled."""
+
+
+class InterfaceError(TemplateError, TypeError):
+    """A model, datamodule or callback without what the template needs from it (its contract)."""
