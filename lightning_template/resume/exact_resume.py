@@ -33,7 +33,7 @@ from lightning.pytorch.plugins.environments import SLURMEnvironment
 from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
-from lightning_template.resume.sampling import derive_seed, global_seed
+from lightning_template.resume.sampling import ResumesFromLoop, derive_seed, global_seed
 
 
 def seed_all(seed: int) -> None:
@@ -117,7 +117,8 @@ class ExactResume(Callback):
             "world_size": trainer.world_size,
             "batches_done": trainer.fit_loop.epoch_loop.batch_progress.current.processed,
         }
-        if getattr(trainer.train_dataloader, "resumes_from_loop", False):  # streamed: workers own chunk shares
+        loader = trainer.train_dataloader
+        if isinstance(loader, ResumesFromLoop) and loader.worker_dependent:  # streamed: workers own chunk shares
             state["num_workers"] = trainer.train_dataloader.num_workers
         return state
 
@@ -137,7 +138,7 @@ class ExactResume(Callback):
             return
         loader = trainer.train_dataloader
         sampler = getattr(loader, "sampler", None)
-        if not (getattr(sampler, "resumes_from_loop", False) or getattr(loader, "resumes_from_loop", False)):
+        if not (isinstance(sampler, ResumesFromLoop) or isinstance(loader, ResumesFromLoop)):
             raise TypeError(
                 "Exact mid-epoch resume needs a training loader that continues from the Trainer's position: a"
                 " lightning_template.resume.sampling.EpochSampler (make_loader uses one) or the streaming"

@@ -51,6 +51,19 @@ def seeded_sample(get_item: Callable[[int], T], index: int | tuple[int, int]) ->
         return get_item(sample)
 
 
+class ResumesFromLoop:
+    """The contract of a resumable training sampler or loader: each time iteration starts, it continues from the
+    Trainer's fit-loop position (`fit_position(self.trainer)`), so a run resumed in the middle of an epoch skips
+    exactly the batches it already trained. `ExactResume` refuses a mid-epoch resume through anything else.
+
+    Implemented by `EpochSampler` (every map-style datamodule, through `make_loader`) and by the streaming
+    extra's loader. Subclasses set `trainer` and, if their batches depend on the loader's worker count, say
+    so with `worker_dependent = True` (a resume with another count is then refused)."""
+
+    trainer: Trainer | None
+    worker_dependent: bool = False
+
+
 def fit_position(trainer: Trainer | None) -> tuple[int, int] | None:
     """(epoch, batches of it already trained) by the Trainer's fit loop, restored from a checkpoint
     when resuming; None outside `fit`."""
@@ -61,7 +74,7 @@ def fit_position(trainer: Trainer | None) -> tuple[int, int] | None:
     return epochs.processed, batches.processed if in_progress else 0
 
 
-class EpochSampler(DistributedSampler):
+class EpochSampler(DistributedSampler, ResumesFromLoop):
     """A shuffle whose order is a function of (seed, epoch) alone, resumable in the middle of an epoch.
 
     The epoch and the batches already trained in it are read from the Trainer's fit loop when
@@ -85,8 +98,6 @@ class EpochSampler(DistributedSampler):
         world_size, rank = shard or world(trainer)
         super().__init__(dataset, num_replicas=world_size, rank=rank, shuffle=True, seed=seed)  # type: ignore[arg-type]
         self.batch_size, self.trainer, self.sample_seeds = batch_size, trainer, sample_seeds
-
-    resumes_from_loop = True  # ExactResume: this order can continue in the middle of an epoch
 
     def position(self) -> tuple[int, int]:
         """(epoch, batches of it already trained)."""

@@ -6,10 +6,10 @@ from typing import Any
 
 from litdata import StreamingDataLoader, StreamingDataset
 
-from lightning_template.resume.sampling import fit_position
+from lightning_template.resume.sampling import ResumesFromLoop, fit_position
 
 
-class LoopPositionedLoader(StreamingDataLoader):
+class LoopPositionedLoader(StreamingDataLoader, ResumesFromLoop):
     """LitData's loader, placed at the Trainer's position each time an epoch starts.
 
     Epoch e of the run is LitData's epoch e + 1 (its shuffle), and a run resumed in the middle of
@@ -20,7 +20,7 @@ class LoopPositionedLoader(StreamingDataLoader):
     checkpoint then replayed the first epoch's order.
     """
 
-    resumes_from_loop = True  # lightning_template.callbacks.ExactResume
+    worker_dependent = True  # LitData gives each worker its own share of the chunks
 
     def __init__(self, dataset: StreamingDataset, trainer: Any, **kwargs: Any) -> None:
         super().__init__(dataset, **kwargs)
