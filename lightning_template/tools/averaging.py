@@ -23,16 +23,16 @@ from lightning.pytorch.callbacks import WeightAveraging
 from lightning.pytorch.trainer.states import TrainerFn
 
 from lightning_template.errors import ConfigError
+from lightning_template.lightning_internals import averaged_model
 
 
 class AverageOnlyInFit:
     """Mixin for a `WeightAveraging` subclass (see the module docstring)."""
 
-    _average_model: Any
-
     def started(self, trainer: Trainer) -> bool:
         fitting = trainer.state.fn == TrainerFn.FITTING
-        return fitting and self._average_model is not None and int(self._average_model.n_averaged) > 0
+        average = averaged_model(self)
+        return fitting and average is not None and int(average.n_averaged) > 0
 
     def on_validation_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._swapped = self.started(trainer)
@@ -100,4 +100,4 @@ class SWAWeightAveraging(AverageOnlyInFit, WeightAveraging):
         self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
         if trainer.fit_loop.epoch_loop.batch_progress.is_last_batch and trainer.current_epoch >= self._start:
-            self._average_model.update_parameters(pl_module)
+            averaged_model(self).update_parameters(pl_module)

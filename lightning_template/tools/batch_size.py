@@ -7,6 +7,8 @@ from typing import Any, Literal
 from lightning import LightningModule, Trainer
 from lightning.pytorch.callbacks import BatchSizeFinder
 
+from lightning_template.lightning_internals import forget_train_loader
+
 
 class FitBatchSizeFinder(BatchSizeFinder):
     """Finds the largest `--data.batch_size` that fits, once, at the start of `fit`.
@@ -54,7 +56,7 @@ class FitBatchSizeFinder(BatchSizeFinder):
             datamodule.batch_size = self.found
         # The training loader and the step-based learning-rate schedule were built before this hook, for
         # the configured size: rebuild both (a resumed run then loads its optimizer state into them).
-        trainer.fit_loop._combined_loader = None
+        forget_train_loader(trainer)
         trainer.fit_loop.setup_data()
         trainer.strategy.setup_optimizers(trainer)
 
