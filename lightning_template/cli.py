@@ -32,20 +32,19 @@ import lightning_template.data
 import lightning_template.models  # noqa: F401  (registers the models for --model)
 from lightning_template.callbacks import (
     AugmentedBatchImages,
+    CheckpointFacts,
     ConfusionMatrixImage,
     CSVPredictionWriter,
     ExactResume,
     FiniteLossGuard,
     ProcessGroupTeardown,
     ResumeCheckpoint,
-    ServingSpec,
 )
 from lightning_template.callbacks.console import progress_bar
 from lightning_template.callbacks.tracking import (
     EXPERIMENT_ARG,
     RUN_ARG,
     SaveConfigToRun,
-    TrackerRun,
     can_continue,
     check_tracker_installed,
     experiment_dir,
@@ -69,8 +68,7 @@ def installed_callbacks() -> list[Any]:
         ExactResume(),
         ProcessGroupTeardown(),
         ResumeCheckpoint(),
-        TrackerRun(),
-        ServingSpec(),
+        CheckpointFacts(),
         FiniteLossGuard(),
         LearningRateMonitor(logging_interval="step"),
         AugmentedBatchImages(),

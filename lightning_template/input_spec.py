@@ -12,7 +12,7 @@ from collections.abc import Sequence
 import numpy as np
 from PIL import Image
 
-SPEC_KEY = "serving"  # where callbacks.ServingSpec stores a datamodule's spec in a checkpoint
+SPEC_KEY = "serving"  # where callbacks.CheckpointFacts stores a datamodule's spec in a checkpoint
 TOKEN_PATTERN = re.compile(r"\w+|[^\w\s]")  # words and single punctuation marks
 
 

@@ -4,7 +4,7 @@
   way (TensorBoard images and text, MLflow artifacts, W&B media and tables, PNG/CSV files next
   to a CSVLogger's metrics.csv).
 - `run_dir`: the run's own folder (where its checkpoints/ and config.yaml go), for any logger.
-- `TrackerRun`: each checkpoint remembers which tracker run wrote it, so `--ckpt_path`
+- `CheckpointFacts` (checkpoint_facts.py): each checkpoint remembers which tracker run wrote it, so `--ckpt_path`
   continues that run (same TensorBoard version folder, MLflow run id, W&B run id).
 - `SaveConfigToRun`: config.yaml into the run's folder, and into the tracker as an artifact.
 """
@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from lightning import Callback, LightningModule, Trainer
+from lightning import LightningModule, Trainer
 from lightning.pytorch.cli import SaveConfigCallback
 from lightning.pytorch.loggers import CSVLogger, Logger, MLFlowLogger, TensorBoardLogger, WandbLogger
 from torchvision.utils import save_image
@@ -101,13 +101,6 @@ def run_id(logger: Logger) -> str:
 
 def tracker_runs_of(trainer: Trainer) -> dict[str, str]:
     return {type(lg).__name__: run_id(lg) for lg in trainer.loggers}
-
-
-class TrackerRun(Callback):
-    """Stores {logger class: run id} in every checkpoint (read back by train.py on `--ckpt_path`)."""
-
-    def on_save_checkpoint(self, trainer: Trainer, pl_module: LightningModule, checkpoint: dict[str, Any]) -> None:
-        checkpoint[CHECKPOINT_KEY] = tracker_runs_of(trainer)
 
 
 def tracker_runs(checkpoint_path: str) -> dict[str, str]:
