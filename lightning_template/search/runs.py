@@ -29,8 +29,9 @@ from lightning_template.errors import ConfigError
 # Runs here are driven with an explicit config by design, whatever this process's own argv is.
 warnings.filterwarnings("ignore", message="LightningCLI's args parameter is intended")
 
-# Keys that only change what the console shows: the same run either way.
-CONSOLE_KEYS = {"trainer.enable_progress_bar", "trainer.enable_model_summary"}
+# Keys that leave the run the same: what the console shows, and the name drawn for a new MLflow run (another
+# at each parse; the runs here are named by their folder anyway).
+SAME_RUN_KEYS = {"trainer.enable_progress_bar", "trainer.enable_model_summary", "trainer.logger.init_args.run_name"}
 
 
 class FlagError(ConfigError):
@@ -123,10 +124,10 @@ class RunConfig:
 
     def settings(self) -> dict[str, Any]:
         """What the run is: its resolved config (the config files' contents, not their names) as `key: value`,
-        without console-only keys. Stored with runs and studies so that a rerun with other flags is refused
-        instead of counting other runs as its own."""
+        without SAME_RUN_KEYS. Stored with runs and studies so that a rerun with other flags is refused instead
+        of counting other runs as its own."""
         tree = yaml.safe_load(self.parser.dump(self.namespace))
-        return {k: v for k, v in _flatten(tree) if k not in CONSOLE_KEYS}
+        return {k: v for k, v in _flatten(tree) if k not in SAME_RUN_KEYS}
 
     def job_yaml(self) -> str:
         """What this config changes from configs/defaults.yaml, as one job config (the run's name left to its file)."""
