@@ -32,7 +32,7 @@ def main(argv: list[str] | None = None) -> None:
     name = args.name or (f"{job}-{args.folds}fold" if args.folds else f"{job}-seeds")
     flags = [*(f"--config={c}" for c in args.config), *train_flags]
     try:
-        results, out = run_all(flags, name, args.seeds, args.folds)
+        results, out = run_all(runs.RunConfig.parse(flags), name, args.seeds, args.folds)
     except (ValueError, runs.FlagError) as err:
         sys.exit(f"multirun.py: {err}")
     except runs.Interrupted:

@@ -59,18 +59,19 @@ def main(argv: list[str] | None = None) -> None:
     try:
         params = load_space(args.search)
         job_flags = [f"--config={c}" for c in args.config]
-        cli = runs.parse([*job_flags, *train_flags])
-        runs.check_single_process([*job_flags, *train_flags], "tune.py")
+        config = runs.RunConfig.parse([*job_flags, *train_flags])
+        config.check_single_process("tune.py")
         for param in params:  # every choice and both ends of every range, each on its own to name it
             for value in param.values:
                 try:
-                    runs.parse([*job_flags, *train_flags, runs.flag(param.key, value)])
+                    config.with_values({param.key: value})
                 except runs.FlagError as err:
                     raise SpaceError(
                         f"--search {args.search}: train.py refuses the key or value of {param.key} ({value!r}):\n{err}"
                     ) from None
-        config = cli.config
-        monitor, mode = config.checkpoint.monitor, config.checkpoint.mode
+        # Parsed before any run, as every config here: the best config is written from it at the end.
+        job = runs.RunConfig.parse([*job_flags, *runs.without_budget(train_flags)])
+        monitor, mode = config.namespace.checkpoint.monitor, config.namespace.checkpoint.mode
         if not monitor:
             raise SearchError("The search optimizes --checkpoint.monitor; set it (e.g. val_acc).")
         study_name = args.study or f"{Path(args.config[0]).stem}-{args.search.stem}"
@@ -86,10 +87,12 @@ def main(argv: list[str] | None = None) -> None:
             load_if_exists=True,
         )
         check_choices(study, params, args.search)
-        check_settings(study, storage_url, [*job_flags, *train_flags], params)
+        check_settings(study, storage_url, config.settings(), params)
     except (SpaceError, SearchError, runs.FlagError) as err:
         sys.exit(f"tune.py: {err}")
-    search = Search(study, job_flags, train_flags, params, args.trials, f"tune/{study_name}", monitor, storage)
+    search = Search(
+        study, config, job, job_flags, train_flags, params, args.trials, f"tune/{study_name}", monitor, storage
+    )
     recover(study, storage, params)
     print(f"Study '{study_name}': {args.trials - search.budget_left()} of {args.trials} trials done or running.")
     try:

@@ -20,42 +20,43 @@ from lightning_template.errors import ConfigError
 from lightning_template.search import runs
 
 
-def variants(seeds: list[int] | None, folds: int | None) -> list[tuple[str, list[str]]]:
-    """(run folder, flags) for each seed or each fold."""
+def variants(seeds: list[int] | None, folds: int | None) -> list[tuple[str, dict[str, int]]]:
+    """(run folder, the values it sets) for each seed or each fold."""
     if folds is not None:
         if folds < 2:
             raise ConfigError(f"--folds {folds}: k-fold needs at least 2 folds.")
-        return [(f"fold_{i}", [f"--data.num_folds={folds}", f"--data.fold={i}"]) for i in range(folds)]
-    return [(f"seed_{s}", [f"--seed_everything={s}"]) for s in seeds or []]
+        return [(f"fold_{i}", {"data.num_folds": folds, "data.fold": i}) for i in range(folds)]
+    return [(f"seed_{s}", {"seed_everything": s}) for s in seeds or []]
 
 
 def run_all(
-    base_flags: list[str], name: str, seeds: list[int] | None, folds: int | None
+    base: runs.RunConfig, name: str, seeds: list[int] | None, folds: int | None
 ) -> tuple[list[dict[str, Any]], Path]:
     """Every run's result (running what is not done yet), and the folder that holds them."""
     out = Path("logs") / "multirun" / name
-    todo = [(folder, flags, runs.settings([*base_flags, *flags])) for folder, flags in variants(seeds, folds)]
-    runs.check_single_process(base_flags, "multirun.py")
+    base.check_single_process("multirun.py")
+    todo = []
+    for folder, values in variants(seeds, folds):
+        config = base.with_values(values)
+        todo.append((folder, config, config.settings()))
     for folder, _, now in todo:  # every run checked before the first one starts
         _refuse_other_settings(out, folder, now)
     results = []
-    for folder, flags, now in todo:
+    for folder, config, now in todo:
         record_file, done = out / folder / "run.json", out / folder / "result.json"
         if done.is_file():
             print(f"{folder}: done before ({done})", flush=True)
             results.append(json.loads(done.read_text()))
             continue
-        run_flags = [*base_flags, *flags]
-        run_flags += runs.logger_flags(run_flags, f"multirun/{name}", folder)
         record = json.loads(record_file.read_text()) if record_file.is_file() else None
-        resumed = runs.resume_flags(record, run_flags)
-        if resumed:
-            print(f"{folder}: resuming ({resumed[0]})", flush=True)
+        config = config.named(f"multirun/{name}", folder).resumed(record)
+        if config.ckpt_path:
+            print(f"{folder}: resuming (--ckpt_path={config.ckpt_path})", flush=True)
         record_file.parent.mkdir(parents=True, exist_ok=True)
         started = runs.RunStarted(
             lambda started, path=record_file, now=now: path.write_text(json.dumps({**started, "settings": now}))
         )
-        result = {"run": folder, **asdict(runs.fit([*run_flags, *resumed], callbacks=[started])), "settings": now}
+        result = {"run": folder, **asdict(runs.fit(config, callbacks=[started])), "settings": now}
         done.write_text(json.dumps(result, indent=1))
         results.append(result)
     return results, out

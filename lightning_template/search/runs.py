@@ -1,96 +1,45 @@
-"""One train.py run, in this process, as a function: flags in, its folder and metrics out.
+"""One train.py run, in this process, as a function: a `RunConfig` in, a `RunResult` out.
 
-Search trials, seeds and folds are all ordinary `train.py fit` runs with their own log folder
-and `config.yaml`, so any of them can be rerun or resumed with train.py alone.
+The user's flags are parsed once, into a `RunConfig`; each trial, seed or fold is that config with
+some values set (its parameters, its seed or fold, its run folder, a checkpoint to resume from),
+and runs as an ordinary `train.py fit` run with its own log folder and `config.yaml`, so any of
+them can be rerun or resumed with train.py alone.
 """
 
 from __future__ import annotations
 
 import math
-import os
-import subprocess
 import sys
 import warnings
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import yaml
+from jsonargparse import Namespace
 from lightning import Callback, LightningModule, Trainer
+from lightning.pytorch.cli import LightningArgumentParser
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from lightning_template.callbacks.tracking import RUN_ARG, logger_type, run_dir, tracker_runs_of
-from lightning_template.cli import ROOT, TemplateCLI, installed_callbacks
+from lightning_template.cli import TemplateCLI, installed_callbacks
 from lightning_template.errors import ConfigError
 
-# Runs here are driven with explicit flags by design, whatever this process's own argv is.
+# Runs here are driven with an explicit config by design, whatever this process's own argv is.
 warnings.filterwarnings("ignore", message="LightningCLI's args parameter is intended")
+
+# Keys that leave the run the same: what the console shows, and the name drawn for a new MLflow run (another
+# at each parse; the runs here are named by their folder anyway).
+SAME_RUN_KEYS = {"trainer.enable_progress_bar", "trainer.enable_model_summary", "trainer.logger.init_args.run_name"}
 
 
 class FlagError(ConfigError):
-    """train.py would refuse these flags (unknown key, wrong type)."""
+    """train.py would refuse these flags or values (unknown key, wrong type)."""
 
 
 class Interrupted(Exception):  # not an error: a stop the user asked for
     """The run was stopped by Ctrl-C or SIGTERM after saving its last.ckpt."""
-
-
-class RunStarted(Callback):
-    """Tells `on_start` where the run writes ({"run_dir", "tracker_runs"}) as soon as it starts, so an
-    interrupted run can be found and continued (checkpoints and tracker run), whatever the logger."""
-
-    def __init__(self, on_start: Callable[[dict[str, Any]], None]) -> None:
-        self.on_start = on_start
-
-    def on_fit_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        if trainer.is_global_zero:
-            self.on_start({"run_dir": str(run_dir(trainer)), "tracker_runs": tracker_runs_of(trainer)})
-
-
-def resume_flags(record: dict[str, Any] | None, flags: list[str]) -> list[str]:
-    """Flags that continue the run `record` (from RunStarted) from its last.ckpt, in the same tracker run."""
-    if not record:
-        return []
-    checkpoint = Path(record["run_dir"]) / "checkpoints" / "last.ckpt"
-    if not checkpoint.is_file():
-        return []
-    logger = parse(flags).config.trainer.get("logger")
-    name = logger_type(logger)
-    resumed = [f"--ckpt_path={checkpoint}"]
-    if name in record["tracker_runs"] and name in RUN_ARG:
-        resumed.append(f"--trainer.logger.init_args.{RUN_ARG[name]}={record['tracker_runs'][name]}")
-    return resumed
-
-
-def check_single_process(flags: list[str], tool: str) -> None:
-    """Runs here share this process: a launcher that re-runs the script per rank (DDP) would repeat the loop."""
-    trainer = parse(flags).config.trainer
-    if "ddp" in str(trainer.get("strategy")) or trainer.get("num_nodes", 1) > 1:
-        raise FlagError(
-            f"{tool} runs each training in its own process and cannot launch DDP: drop the ddp strategy/preset"
-            " (run several tune.py processes on one --storage instead, one per GPU, with CUDA_VISIBLE_DEVICES)."
-        )
-
-
-@dataclass
-class RunResult:
-    log_dir: str
-    monitor: str
-    best_score: float
-    best_checkpoint: str
-    metrics: dict[str, float] = field(default_factory=dict)
-
-
-def flag(key: str, value: Any) -> str:
-    """`--key=value` as train.py reads it (booleans and None as YAML words)."""
-    if isinstance(value, bool):
-        text = "true" if value else "false"
-    elif value is None:
-        text = "null"
-    else:
-        text = str(value)
-    return f"--{key}={text}"
 
 
 class _ParseOnly(TemplateCLI):
@@ -108,20 +57,109 @@ class _Parsed(Exception):
         self.cli = cli
 
 
-def parse(flags: list[str]) -> TemplateCLI:
-    """The parsed (not instantiated) CLI for `train.py fit <flags>`; FlagError if train.py would refuse them."""
-    try:
-        _ParseOnly(args=flags, run=False, parser_kwargs={"exit_on_error": False})
-    except _Parsed as parsed:
-        return parsed.cli
-    except Exception as err:  # jsonargparse's ArgumentError, or a check of train.py's own
-        lines = [line for line in str(err).splitlines() if "Given value" not in line]
-        raise FlagError("\n".join(lines)) from None
-    raise AssertionError("unreachable")
+@dataclass(frozen=True)
+class RunConfig:
+    """What `train.py fit` runs, parsed and checked once: each variation is a copy (`with_values`, `named`,
+    `resumed`), checked against the same parser, so no run re-parses flags or starts a process to do so."""
+
+    parser: LightningArgumentParser  # built before any run: `job_yaml` tells defaults apart with it
+    namespace: Namespace
+    ckpt_path: str | None = None  # where a stopped run continues from: the same run, not another setting
+
+    @classmethod
+    def parse(cls, flags: Sequence[str]) -> RunConfig:
+        """`train.py fit <flags>`; FlagError if train.py would refuse them."""
+        # The environment as `train.py fit` reads it (PL_FIT__TRAINER__MAX_EPOCHS=3): the run gets this config whole.
+        kwargs = {"exit_on_error": False, "env_prefix": "PL_FIT_"}
+        try:
+            _ParseOnly(args=list(flags), run=False, parser_kwargs=kwargs)
+        except _Parsed as parsed:
+            return cls(parsed.cli.parser, parsed.cli.config)
+        except Exception as err:  # jsonargparse's ArgumentError, or a check of train.py's own
+            raise FlagError(_message(err)) from None
+        raise AssertionError("unreachable")
+
+    def with_values(self, values: Mapping[str, Any]) -> RunConfig:
+        """This config with `{key: value}` set, keys as flags write them (`model.dropout`); FlagError if
+        train.py would refuse one."""
+        namespace = self.namespace.clone()
+        for key, value in values.items():
+            namespace[config_key(namespace, key)] = value
+        try:
+            self.parser.validate(namespace)
+        except Exception as err:
+            raise FlagError(_message(err)) from None
+        return replace(self, namespace=namespace)
+
+    @property
+    def logger(self) -> str:
+        """The logger's class name (`TensorBoardLogger`), "" without one."""
+        return logger_type(self.namespace.trainer.get("logger"))
+
+    def named(self, group: str, run: str) -> RunConfig:
+        """Into `<save_dir>/<group>/<run>/` (TensorBoard, CSV), or named so (MLflow, W&B)."""
+        init_args = getattr(self.namespace.trainer.get("logger"), "init_args", None)
+        if init_args is None:
+            return self
+        if "version" in init_args and "name" in init_args:  # TensorBoardLogger, CSVLogger
+            names = {"name": group, "version": run}
+        elif "experiment_name" in init_args:  # MLFlowLogger
+            names = {"experiment_name": group, "run_name": run}
+        elif "project" in init_args:  # WandbLogger
+            names = {"name": f"{group}/{run}"}
+        else:
+            return self
+        return self.with_values({f"trainer.logger.init_args.{k}": v for k, v in names.items()})
+
+    def resumed(self, record: dict[str, Any] | None) -> RunConfig:
+        """Continuing the run `record` (from RunStarted) from its last.ckpt in the same tracker run, if it saved one."""
+        if not record or not (checkpoint := Path(record["run_dir"]) / "checkpoints" / "last.ckpt").is_file():
+            return self
+        config = replace(self, ckpt_path=str(checkpoint))
+        if self.logger in record["tracker_runs"] and self.logger in RUN_ARG:
+            return config.with_values(
+                {f"trainer.logger.init_args.{RUN_ARG[self.logger]}": record["tracker_runs"][self.logger]}
+            )
+        return config
+
+    def settings(self) -> dict[str, Any]:
+        """What the run is: its resolved config (the config files' contents, not their names) as `key: value`,
+        without SAME_RUN_KEYS. Stored with runs and studies so that a rerun with other flags is refused instead
+        of counting other runs as its own."""
+        tree = yaml.safe_load(self.parser.dump(self.namespace))
+        return {k: v for k, v in _flatten(tree) if k not in SAME_RUN_KEYS}
+
+    def job_yaml(self) -> str:
+        """What this config changes from configs/defaults.yaml, as one job config (the run's name left to its file)."""
+        namespace = self.namespace.clone()
+        logger_args = getattr(namespace.trainer.get("logger"), "init_args", None)
+        if logger_args is not None and "name" in logger_args:
+            logger_args.name = None
+        return self.parser.dump(namespace, skip_default=True)
+
+    def check_single_process(self, tool: str) -> None:
+        """Runs here share this process: a launcher that re-runs the script per rank (DDP) would repeat the loop."""
+        trainer = self.namespace.trainer
+        if "ddp" in str(trainer.get("strategy")) or trainer.get("num_nodes", 1) > 1:
+            raise FlagError(
+                f"{tool} runs each training in its own process and cannot launch DDP: drop the ddp strategy/preset"
+                " (run several tune.py processes on one --storage instead, one per GPU, with CUDA_VISIBLE_DEVICES)."
+            )
 
 
-# Keys that only change what the console shows: the same run either way.
-CONSOLE_KEYS = {"trainer.enable_progress_bar", "trainer.enable_model_summary"}
+def _message(err: Exception) -> str:
+    return "\n".join(line for line in str(err).splitlines() if "Given value" not in line)
+
+
+def config_key(namespace: Namespace, key: str) -> str:
+    """Where a flag's key is in a parsed config: `model.dropout` is `model.init_args.dropout`."""
+    path: list[str] = []
+    for part in key.removeprefix("--").split("."):
+        node = namespace.get(".".join(path)) if path else namespace
+        if isinstance(node, Namespace) and "class_path" in node and part not in ("class_path", "init_args"):
+            path.append("init_args")
+        path.append(part)
+    return ".".join(path)
 
 
 def setting_key(key: str) -> str:
@@ -138,15 +176,6 @@ def _flatten(tree: dict[str, Any], prefix: str = "") -> Iterator[tuple[str, Any]
             yield setting_key(f"{prefix}{key}"), value
 
 
-def settings(flags: list[str]) -> dict[str, Any]:
-    """What a run of `train.py fit <flags>` is: its resolved config (the config files' contents, not their
-    names) as `key: value`, without console-only keys. Stored with runs and studies so that a rerun with
-    other flags is refused instead of counting other runs as its own."""
-    cli = parse(flags)
-    tree = yaml.safe_load(cli.parser.dump(cli.config))
-    return {k: v for k, v in _flatten(tree) if k not in CONSOLE_KEYS}
-
-
 def differences(before: dict[str, Any], now: dict[str, Any]) -> str:
     """`key before → now` for the settings that differ (the first 8), for an error message."""
     changed = [k for k in sorted(before.keys() | now.keys()) if before.get(k, "unset") != now.get(k, "unset")]
@@ -154,49 +183,37 @@ def differences(before: dict[str, Any], now: dict[str, Any]) -> str:
     return ", ".join(listed) + (f" and {len(changed) - 8} more" if len(changed) > 8 else "")
 
 
-def job_config_yaml(flags: list[str]) -> str:
-    """What `flags` change from configs/defaults.yaml, as one job config (the run's name left to its file).
+class RunStarted(Callback):
+    """Tells `on_start` where the run writes ({"run_dir", "tracker_runs"}) as soon as it starts, so an
+    interrupted run can be found and continued (checkpoints and tracker run), whatever the logger."""
 
-    In a fresh process: once a run was built in this one, jsonargparse no longer tells defaults apart.
-    """
-    code = "import sys; from lightning_template.search import runs; print(runs._job_config_yaml(sys.argv[1:]))"
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
-    done = subprocess.run([sys.executable, "-c", code, *flags], env=env, capture_output=True, text=True)
-    if done.returncode:
-        raise FlagError(done.stderr.strip().splitlines()[-1])
-    return done.stdout
+    def __init__(self, on_start: Callable[[dict[str, Any]], None]) -> None:
+        self.on_start = on_start
 
-
-def _job_config_yaml(flags: list[str]) -> str:
-    cli = parse(flags)
-    logger_args = getattr(cli.config.trainer.get("logger"), "init_args", None)
-    if logger_args is not None and "name" in logger_args:
-        logger_args.name = None
-    return cli.parser.dump(cli.config, skip_default=True)
+    def on_fit_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if trainer.is_global_zero:
+            self.on_start({"run_dir": str(run_dir(trainer)), "tracker_runs": tracker_runs_of(trainer)})
 
 
-def logger_flags(flags: list[str], group: str, run: str) -> list[str]:
-    """Flags that put a run into `<save_dir>/<group>/<run>/` (TensorBoard, CSV) or name it so (MLflow, W&B)."""
-    logger = parse(flags).config.trainer.get("logger")
-    init_args = getattr(logger, "init_args", None)
-    if init_args is None:
-        return []
-    prefix = "--trainer.logger.init_args."
-    if "version" in init_args and "name" in init_args:  # TensorBoardLogger, CSVLogger
-        return [f"{prefix}name={group}", f"{prefix}version={run}"]
-    if "experiment_name" in init_args:  # MLFlowLogger
-        return [f"{prefix}experiment_name={group}", f"{prefix}run_name={run}"]
-    if "project" in init_args:  # WandbLogger
-        return [f"{prefix}name={group}/{run}"]
-    return []
+@dataclass
+class RunResult:
+    """What a finished run leaves: its folder, the best score of its checkpoint's monitor, its last metrics."""
+
+    log_dir: str
+    monitor: str
+    best_score: float
+    best_checkpoint: str
+    metrics: dict[str, float] = field(default_factory=dict)
 
 
-def fit(flags: list[str], callbacks: list[Callback] | None = None) -> RunResult:
-    """`train.py fit <flags>` in this process; `Interrupted` if stopped by Ctrl-C or SIGTERM."""
-    try:
+def fit(config: RunConfig, callbacks: Sequence[Callback] = ()) -> RunResult:
+    """`train.py fit` of `config` in this process; `Interrupted` if stopped by Ctrl-C or SIGTERM."""
+    fit_config = config.namespace.clone()
+    fit_config.ckpt_path = config.ckpt_path
+    try:  # the CLI takes the parsed config as it is: only train.py's own checks and adjustments run again
         cli = TemplateCLI(
-            args=["fit", *flags],
-            trainer_defaults={"callbacks": installed_callbacks() + list(callbacks or [])},
+            args=Namespace(subcommand="fit", fit=fit_config),
+            trainer_defaults={"callbacks": installed_callbacks() + list(callbacks)},
         )
     except SIGTERMException as stop:
         raise Interrupted("stopped by Ctrl-C or SIGTERM; its last.ckpt is saved") from stop

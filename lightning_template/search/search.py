@@ -94,10 +94,9 @@ def make_pruner(name: str, warmup_epochs: int) -> optuna.pruners.BasePruner:
     raise SearchError(f"--pruner {name}: choose median or none.")
 
 
-def check_settings(study: optuna.Study, storage_url: str, flags: list[str], params: list[Param]) -> None:
-    """A study's trials all run with one set of train.py settings (the searched keys aside): recorded until
+def check_settings(study: optuna.Study, storage_url: str, now: dict[str, Any], params: list[Param]) -> None:
+    """A study's trials all run with one set of train.py settings `now` (the searched keys aside): recorded until
     its first trial, then a run with other flags or config contents is refused, naming what changed."""
-    now = runs.settings(flags)
     before = study.user_attrs.get("settings")
     if before is None or not study.get_trials(deepcopy=False):  # new (or from before settings were recorded)
         study.set_user_attr("settings", now)
@@ -188,9 +187,11 @@ def _grid_point(trial: FrozenTrial) -> dict[str, Any]:
 
 @dataclass
 class Search:
-    """What every trial shares: the flags of the job, the space, the budget and where runs go."""
+    """What every trial shares: the job and its flags, the space, the budget and where runs go."""
 
     study: optuna.Study
+    config: runs.RunConfig  # every trial's run, before its parameters are set
+    job: runs.RunConfig  # the same without the flags of a trial's budget: what the best config is written from
     job_flags: list[str]  # --config=...: the job
     extra_flags: list[str]  # any other train.py flags given to every trial (e.g. a shorter budget)
     params: list[Param]
@@ -198,10 +199,6 @@ class Search:
     group: str  # runs go to <save_dir>/<group>/<folder>/ (TensorBoard, CSV) or are named so (MLflow, W&B)
     monitor: str
     storage: RDBStorage
-
-    @property
-    def base_flags(self) -> list[str]:
-        return [*self.job_flags, *self.extra_flags]
 
     def budget_left(self) -> int:
         states = (*COUNTED, TrialState.RUNNING)
@@ -228,11 +225,10 @@ class Search:
             PyTorchLightningPruningCallback(trial, monitor=self.monitor),
             runs.RunStarted(lambda record: trial.set_user_attr("run", record)),
         ]
-        try:  # flags train.py refuses fail here too, marked as the trial's error: never queued again
-            flags = [*self.base_flags, *(runs.flag(k, v) for k, v in values.items())]
-            flags += runs.logger_flags(flags, self.group, folder)
-            flags += runs.resume_flags(trial.user_attrs.get("run"), flags)  # an interrupted trial continues
-            result = runs.fit(flags, callbacks=callbacks)
+        try:  # values train.py refuses fail here too, marked as the trial's error: never queued again
+            config = self.config.with_values(values).named(self.group, folder)
+            config = config.resumed(trial.user_attrs.get("run"))  # an interrupted trial continues
+            result = runs.fit(config, callbacks=callbacks)
         except (optuna.TrialPruned, runs.Interrupted):  # pruned; or stopped, and queued again next time
             raise
         except Exception as err:
@@ -340,7 +336,6 @@ def write_report(study: optuna.Study, search: Search, out: Path, final: bool = T
         return None
     best = study.best_trial
     kept = runs.without_budget(search.extra_flags)
-    flags = [*search.job_flags, *kept, *(runs.flag(k, v) for k, v in best.params.items())]
     path = out / f"{study.study_name}_best.yaml"  # its runs are named after the file: logs/<study>_best/
     header = (
         f"# Best trial of study '{study.study_name}': #{best.number}, {search.monitor} = {best.value:.4f}"
@@ -349,7 +344,7 @@ def write_report(study: optuna.Study, search: Search, out: Path, final: bool = T
         f" the search's budget flags are left out: {' '.join(sorted(set(search.extra_flags) - set(kept))) or 'none'}\n"
         f"# python train.py fit --config {path}\n"
     )
-    body = runs.job_config_yaml(flags)
+    body = search.job.with_values(best.params).job_yaml()
     _atomic_write(path, lambda f: f.write(header + body))
     _plots(study, out / "plots")
     return path

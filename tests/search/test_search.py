@@ -77,7 +77,7 @@ def test_search_prunes_a_bad_trial_and_writes_table_plots_and_best_config(tmp_pa
         best["model.optimizer.init_args.lr"]
     )
     assert "max_epochs" not in best_config.get("trainer", {}) or best_config["trainer"]["max_epochs"] == 6
-    runs.parse([f"--config={out / 's_best.yaml'}"])  # ready to run with train.py
+    runs.RunConfig.parse([f"--config={out / 's_best.yaml'}"])  # ready to run with train.py
 
 
 def start_search(cwd: Path, study: str, trials: int, space: Path, *extra: str) -> subprocess.Popen:
@@ -314,3 +314,25 @@ def test_make_tune_runs_the_readmes_command():
     made = subprocess.run(["make", "-n", "-s", "tune"], cwd=ROOT, capture_output=True, text=True, check=True).stdout
     command = made[made.index("tune.py ") :].split("\n\n")[0]
     assert shlex.split(command.replace("\\\n", " "))[1:] == shlex.split(documented[1].replace("\\\n", " "))
+
+
+def test_a_run_config_is_parsed_once_and_each_run_is_a_checked_copy_with_its_values(monkeypatch):
+    monkeypatch.setenv("PL_FIT__TRAINER__LIMIT_TRAIN_BATCHES", "3")  # the environment as train.py fit reads it
+    job = runs.RunConfig.parse([f"--config={JOB}", "--trainer.max_epochs=2"])
+    run = job.with_values({"model.dropout": 0.1, "data.num_folds": 3, "data.fold": 1}).named("cv", "fold_1")
+    assert (run.namespace.model.init_args.dropout, run.namespace.data.init_args.fold) == (0.1, 1)
+    assert run.namespace.trainer.logger.init_args.version == "fold_1" and run.namespace.trainer.limit_train_batches == 3
+    assert job.namespace.model.init_args.dropout == 0.25  # the parsed config itself is left as it was
+    assert run.settings()["model.dropout"] == 0.1 and run.settings()["trainer.max_epochs"] == 2
+    written = yaml.safe_load(run.job_yaml())  # what differs from configs/defaults.yaml, as a job config
+    assert written["trainer"]["max_epochs"] == 2 and written["model"]["init_args"]["dropout"] == 0.1
+    assert "seed_everything" not in written and "name" not in written["trainer"]["logger"]["init_args"]
+    assert run.resumed({"run_dir": "no/such/run", "tracker_runs": {}}) == run  # nothing saved: a fresh start
+    with pytest.raises(runs.FlagError, match="no_such_option"):
+        job.with_values({"model.no_such_option": 1})
+
+
+def test_a_run_with_mlflow_has_the_same_settings_at_each_parse():
+    pytest.importorskip("mlflow")
+    flags = [f"--config={JOB}", f"--config={ROOT / 'configs' / 'presets' / 'mlflow.yaml'}"]
+    assert runs.RunConfig.parse(flags).settings() == runs.RunConfig.parse(flags).settings()  # a rerun is not refused
