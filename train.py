@@ -290,6 +290,9 @@ class TemplateCLI(LightningCLI):
         subcommand = self.config.get("subcommand")
         config = self.config[subcommand] if subcommand else self.config
         callbacks = self.trainer_defaults.get("callbacks", [])
+        if subcommand == "predict":  # nothing to log: no run folder (the CSV is the result), no config.yaml in it
+            config.trainer.logger = False
+            self.save_config_callback = None
         if not config.trainer.get("logger"):  # --trainer.logger false: nothing to monitor learning rates into
             callbacks = [c for c in callbacks if not isinstance(c, LearningRateMonitor)]
         configured = config.trainer.get("callbacks") or []
@@ -306,6 +309,11 @@ class TemplateCLI(LightningCLI):
                 f"TwoStageFinetuning {dict(unfreezing[-1].get('init_args') or {})} replaces the earlier"
                 f" {dict(replaced.get('init_args') or {})} (the later config wins)."
             )
+
+    def before_predict(self) -> None:
+        # Checkpoint callbacks write nothing here; restoring their state from the checkpoint would only warn that
+        # "the dirpath has changed" (the best-epoch one comes from the `checkpoint` options).
+        self.trainer.callbacks = [c for c in self.trainer.callbacks if not isinstance(c, ModelCheckpoint)]
 
     def before_fit(self) -> None:
         # Fix the run's version folder now: a spawning launcher (ddp_spawn) would otherwise let each
