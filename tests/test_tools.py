@@ -13,7 +13,7 @@ from PIL import Image
 from datamodules import FashionMNISTDataModule
 from models import ResNetClassifier
 from tests.conftest import ONE_EPOCH, ROOT, best_checkpoint, run_cli, save_random_weights
-from tests.helpers import event_tags
+from tests.helpers import event_tags, same_state
 from train import TemplateCLI
 
 # transfer.yaml needs weights (tests/test_finetuning.py); the tracker presets have tests/test_trackers.py,
@@ -121,3 +121,34 @@ def test_predict_on_an_image_folder_writes_names_and_probabilities(tmp_path: Pat
     assert [Path(r["input"]).name for r in rows] == [f"photo{i}.png" for i in range(5)]
     assert list(rows[0]) == ["input", "prediction", "probability", "p_sneaker", "p_trouser", "p_tshirt"]
     assert all(abs(sum(float(r[f"p_{c}"]) for c in ("sneaker", "trouser", "tshirt")) - 1) < 1e-3 for r in rows)
+
+
+@pytest.mark.slow
+def test_the_readme_loads_the_exported_state_dict(main_export, main_run: Path) -> None:
+    snippet = (ROOT / "README.md").read_text().partition("```python\nimport json, torch, models\n")[2]
+    snippet = "import json, torch, models\n" + snippet.partition("```")[0]
+    namespace: dict = {}
+    exec(snippet.replace("exports/simple_cnn", str(main_run / "out")), namespace)
+    trained = torch.load(main_run / "out/net_state_dict.pt", weights_only=True)
+    assert same_state(namespace["net"].state_dict(), trained)
+
+
+@pytest.mark.slow
+def test_predict_opens_no_run_folder_and_restores_no_checkpoint_callbacks(main_run: Path, main_predictions) -> None:
+    assert [p.name for p in (main_run / "logs/simple_cnn").iterdir()] == ["version_0"]  # the fit's only
+    assert "dirpath has changed" not in main_predictions.stderr
+    assert not (main_run / "config.yaml").exists()
+
+
+@pytest.mark.slow
+def test_lr_finder_with_fewer_batches_than_sweep_steps_sweeps_those(
+    tmp_path: Path, monkeypatch, caplog, fashion_mnist_dir
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    configs = [f"--config={ROOT / 'configs' / name}" for name in ("simple_cnn.yaml", "presets/lr_find.yaml")]
+    flags = ["--trainer.callbacks.init_args.num_training_steps=40", "--trainer.limit_train_batches=20"]
+    cli = TemplateCLI(args=["fit", *configs, *ONE_EPOCH, *flags, "--trainer.logger=false"])
+    finder = next(c for c in cli.trainer.callbacks if type(c).__name__ == "LRFinder")
+    assert len(finder.optimal_lr.results["lr"]) == 20
+    log = caplog.text
+    assert "diverging loss" not in log and "fewer than num_training_steps 40: the sweep takes 20" in log
