@@ -25,7 +25,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NoReturn
 
-from jsonargparse._common import debug_mode_active
 from lightning.pytorch.callbacks import EarlyStopping, LearningRateMonitor, ModelCheckpoint, ProgressBar
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.loggers import TensorBoardLogger
@@ -112,6 +111,16 @@ def run_name(config: Any) -> str:
     return str(getattr(model, "class_path", "run")).rpartition(".")[2].lower()
 
 
+def _init_parameters(class_path: str) -> set[str]:
+    """The arguments a class takes, its base classes' included (where its **kwargs go)."""
+    module, _, name = class_path.rpartition(".")
+    try:
+        mro = getattr(importlib.import_module(module), name).__mro__
+        return {p for c in mro if "__init__" in vars(c) for p in inspect.signature(vars(c)["__init__"]).parameters}
+    except (ImportError, AttributeError, TypeError, ValueError):
+        return set()
+
+
 def did_you_mean(message: str, parser: LightningArgumentParser) -> str:
     """A line suggesting the nearest option, class argument, choice or file for a parser error, or ""."""
     close = lambda word, choices: difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)  # noqa: E731
@@ -123,10 +132,7 @@ def did_you_mean(message: str, parser: LightningArgumentParser) -> str:
     classes = re.findall(r"class_path[ =]'([\w.]+)'", message)  # the last one is the class that refused the key
     if top and nested and classes and "is not accepted" in message:
         path, _, option = f"{top.group(1)}.{nested.group(1)}".rpartition(".")
-        module, _, name = classes[-1].rpartition(".")
-        mro = getattr(importlib.import_module(module), name).__mro__  # **kwargs go to the base classes
-        known = {p for c in mro if "__init__" in vars(c) for p in inspect.signature(vars(c)["__init__"]).parameters}
-        suggestions += [f"--{path}.{m}" for m in close(option, known)]
+        suggestions += [f"--{path}.{m}" for m in close(option, _init_parameters(classes[-1]))]
     if found := re.search(r"invalid choice: '([^']*)' \(choose from (.*)\)", message):
         suggestions += close(found.group(1), re.findall(r"'([^']*)'", found.group(2)))
     if found := re.search(r"File does not exist: '([^']*)'", message):
@@ -139,7 +145,7 @@ def did_you_mean(message: str, parser: LightningArgumentParser) -> str:
 class TemplateParser(LightningArgumentParser):
     def error(self, message: str, ex: Exception | None = None) -> NoReturn:
         """The reason first, with the nearest valid name, instead of argparse's 80-line usage above it."""
-        if not self.exit_on_error or debug_mode_active():
+        if not self.exit_on_error or os.environ.get("JSONARGPARSE_DEBUG"):  # jsonargparse's raise, unchanged
             super().error(message, ex)
         parser = getattr(ex, "subcommand_parser", None) or self
         command = parser.prog.replace(" [options]", "")
@@ -250,7 +256,7 @@ class TemplateCLI(LightningCLI):
                 f" from {', '.join(changed)}. Drop these flags, or start a new run from its weights with"
                 f" --model.weights {checkpoint}."
             )
-        if after.init_args.get("weights"):
+        if Path(checkpoint).is_file() and after.init_args.get("weights"):
             # The checkpoint's weights replace them anyway: do not read (or download) them again.
             after.init_args.weights = None
 
