@@ -181,15 +181,17 @@ def test_resume_refuses_another_models_checkpoint_and_flags_it_would_override(
 ) -> None:
     monkeypatch.chdir(tmp_path)
     cnn = ["fit", "--config", str(ROOT / "configs/simple_cnn.yaml")]
+    # Kept tiny in every call: a run that is not refused trains only a step.
     tiny = ["--trainer.max_epochs=1", "--trainer.limit_train_batches=1", "--trainer.limit_val_batches=1"]
-    TemplateCLI(args=[*cnn, *tiny, "--test_after_fit=false", "--trainer.enable_progress_bar=false"])
+    tiny += ["--test_after_fit=false", "--trainer.enable_progress_bar=false"]
+    TemplateCLI(args=[*cnn, *tiny])
     last = tmp_path / "logs/simple_cnn/version_0/checkpoints/last.ckpt"
-    vit = ["fit", "--config", str(ROOT / "configs/vit_fashion_mnist.yaml"), f"--ckpt_path={last}"]
+    vit = ["fit", "--config", str(ROOT / "configs/vit_fashion_mnist.yaml"), f"--ckpt_path={last}", *tiny]
     with pytest.raises(ValueError, match=r"checkpoint of models\.SimpleCNN, but this config's model is models\.Transf"):
         TemplateCLI(args=vit)
     flags = ["--model.optimizer.lr=0.5", "--model.init_args.dropout", "0.4", "--model.hidden=128"]  # hidden: as saved
     with pytest.raises(ValueError) as refused:
-        TemplateCLI(args=[*cnn, f"--ckpt_path={last}", *flags])
+        TemplateCLI(args=[*cnn, f"--ckpt_path={last}", *flags, *tiny, "--trainer.max_epochs=2"])
     message = str(refused.value)
     assert "--model.optimizer.lr 0.5 (checkpoint: 0.002)" in message
     assert "--model.init_args.dropout 0.4 (checkpoint: 0.25)" in message
