@@ -243,7 +243,7 @@ class TemplateCLI(LightningCLI):
                 f" {before.class_path}. Use the config of the run that wrote it, or start a new run from its weights"
                 f" with --model.weights {checkpoint}."
             )
-        old, new = _leaves(before.init_args), _leaves(after.init_args)
+        old, new = _leaves(before.get("init_args")), _leaves(after.get("init_args"))
         changed = [
             f"{flag} {old[key]!r} (checkpoint: {new.get(key)!r})"
             for flag, prefix in _model_flags(self._given)
@@ -367,7 +367,7 @@ def _setting(key: str) -> str:
 
 
 def _leaves(namespace: Any) -> dict[str, Any]:
-    return {_setting(key): value for key, value in namespace.items()}
+    return {_setting(key): value for key, value in (namespace.items() if namespace is not None else [])}
 
 
 def _model_flags(args: list[str]) -> list[tuple[str, str]]:
