@@ -12,15 +12,18 @@ this CLI installs it in every run (`installed_callbacks`).
 
 from __future__ import annotations
 
+import difflib
 import importlib
+import inspect
 import os
+import re
 import signal
 import sys
 import traceback
 import zipfile
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from lightning.pytorch.callbacks import EarlyStopping, LearningRateMonitor, ModelCheckpoint, ProgressBar
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
@@ -39,6 +42,7 @@ from lightning_template.callbacks import (
     FiniteLossGuard,
     ProcessGroupTeardown,
     ResumeCheckpoint,
+    TwoStageFinetuning,
 )
 from lightning_template.callbacks.console import progress_bar
 from lightning_template.callbacks.tracking import (
@@ -90,10 +94,10 @@ def _check_checkpoint_file(path: Path) -> None:
         )
 
 
-def is_progress_bar(class_path: str) -> bool:
+def is_subclass(class_path: str, base: type) -> bool:
     module, _, name = class_path.rpartition(".")
     try:
-        return issubclass(getattr(importlib.import_module(module), name), ProgressBar)
+        return issubclass(getattr(importlib.import_module(module), name), base)
     except (ImportError, AttributeError, TypeError, ValueError):
         return False
 
@@ -107,6 +111,48 @@ def run_name(config: Any) -> str:
     return str(getattr(model, "class_path", "run")).rpartition(".")[2].lower()
 
 
+def _init_parameters(class_path: str) -> set[str]:
+    """The arguments a class takes, its base classes' included (where its **kwargs go)."""
+    module, _, name = class_path.rpartition(".")
+    try:
+        mro = getattr(importlib.import_module(module), name).__mro__
+        return {p for c in mro if "__init__" in vars(c) for p in inspect.signature(vars(c)["__init__"]).parameters}
+    except (ImportError, AttributeError, TypeError, ValueError):
+        return set()
+
+
+def did_you_mean(message: str, parser: LightningArgumentParser) -> str:
+    """A line suggesting the nearest option, class argument, choice or file for a parser error, or ""."""
+    close = lambda word, choices: difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)  # noqa: E731
+    suggestions: list[str] = []
+    if found := re.search(r"unrecognized arguments: (.*)", message):
+        for word in (arg.partition("=")[0] for arg in found.group(1).split() if arg.startswith("--")):
+            suggestions += close(word, parser._option_string_actions)
+    top, nested = re.match(r'Parser key "([\w.]+)"', message), re.search(r"NestedArg\(key='([\w.]+)'", message)
+    classes = re.findall(r"class_path[ =]'([\w.]+)'", message)  # the last one is the class that refused the key
+    if top and nested and classes and "is not accepted" in message:
+        path, _, option = f"{top.group(1)}.{nested.group(1)}".rpartition(".")
+        suggestions += [f"--{path}.{m}" for m in close(option, _init_parameters(classes[-1]))]
+    if found := re.search(r"invalid choice: '([^']*)' \(choose from (.*)\)", message):
+        suggestions += close(found.group(1), re.findall(r"'([^']*)'", found.group(2)))
+    if found := re.search(r"File does not exist: '([^']*)'", message):
+        missing = Path(found.group(1))
+        siblings = [p.name for p in missing.parent.iterdir()] if missing.parent.is_dir() else []
+        suggestions += [str(missing.parent / m) for m in close(missing.name, siblings)]
+    return f"did you mean {' / '.join(suggestions)}?\n" if suggestions else ""
+
+
+class TemplateParser(LightningArgumentParser):
+    def error(self, message: str, ex: Exception | None = None) -> NoReturn:
+        """The reason first, with the nearest valid name, instead of argparse's 80-line usage above it."""
+        if not self.exit_on_error or os.environ.get("JSONARGPARSE_DEBUG"):  # jsonargparse's raise, unchanged
+            super().error(message, ex)
+        parser = getattr(ex, "subcommand_parser", None) or self
+        command = parser.prog.replace(" [options]", "")
+        sys.stderr.write(f"error: {message}\n{did_you_mean(message, parser)}`{command} --help` lists the options.\n")
+        self.exit(2)
+
+
 class TemplateCLI(LightningCLI):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         # default_env: every option can also be set from the environment, e.g. PL_FIT__TRAINER__MAX_EPOCHS=3.
@@ -118,6 +164,7 @@ class TemplateCLI(LightningCLI):
                 parser_kwargs.setdefault(subcommand, defaults)
         else:
             parser_kwargs.update({**defaults, **parser_kwargs})
+        kwargs.setdefault("parser_class", TemplateParser)
         kwargs.setdefault("trainer_defaults", {"callbacks": installed_callbacks()})
         kwargs.setdefault("save_config_callback", SaveConfigToRun)  # next to the checkpoints, and to the tracker
         kwargs.setdefault("save_config_kwargs", {"overwrite": True})  # a rerun in the same folder may rewrite it
@@ -149,6 +196,7 @@ class TemplateCLI(LightningCLI):
         )
 
     def parse_arguments(self, parser: LightningArgumentParser, args: Any) -> None:
+        self._given = [str(a) for a in (sys.argv[1:] if args is None else args if isinstance(args, list) else [])]
         super().parse_arguments(parser, args)
         # Before LightningCLI reads the checkpoint's hyperparameters (right after parsing).
         subcommand = self.config.get("subcommand")
@@ -173,13 +221,45 @@ class TemplateCLI(LightningCLI):
         if checkpoint in {"best", "last", "hpc"}:
             return
         _check_checkpoint_file(Path(checkpoint))
-        if model_args is not None and model_args.get("weights"):
-            # The checkpoint's weights replace them anyway: do not read (or download) them again.
-            model_args.weights = None
         data_args = getattr(config.get("data"), "init_args", None)
         if data_args is not None and CHECKPOINT_STATE_ARG in data_args:
             # What the checkpoint was trained with (a vocabulary), not one rebuilt from today's files.
             data_args[CHECKPOINT_STATE_ARG] = data_args[CHECKPOINT_STATE_ARG] or checkpoint
+
+    def _parse_ckpt_path(self) -> None:
+        """LightningCLI builds the model from the checkpoint's hyper-parameters, class included, over the config and
+        the flags: refuse a checkpoint of another model, and `--model.*` flags whose values it would replace."""
+        subcommand = self.config.get("subcommand")
+        config = self.config[subcommand] if subcommand else self.config
+        before = config.get("model")
+        before = before.clone() if before is not None else None
+        super()._parse_ckpt_path()
+        config = self.config[subcommand] if subcommand else self.config
+        after, checkpoint = config.get("model"), config.get("ckpt_path")
+        if before is None or after is None or not checkpoint:
+            return
+        if before.class_path != after.class_path:
+            raise ValueError(
+                f"--ckpt_path {checkpoint} is a checkpoint of {after.class_path}, but this config's model is"
+                f" {before.class_path}. Use the config of the run that wrote it, or start a new run from its weights"
+                f" with --model.weights {checkpoint}."
+            )
+        old, new = _leaves(before.get("init_args")), _leaves(after.get("init_args"))
+        changed = [
+            f"{flag} {old[key]!r} (checkpoint: {new.get(key)!r})"
+            for flag, prefix in _model_flags(self._given)
+            for key in old
+            if (key == prefix or key.startswith(f"{prefix}.")) and old[key] != new.get(key)
+        ]
+        if changed:
+            raise ValueError(
+                f"--ckpt_path {checkpoint}: the model is built with the checkpoint's hyper-parameters, which differ"
+                f" from {', '.join(changed)}. Drop these flags, or start a new run from its weights with"
+                f" --model.weights {checkpoint}."
+            )
+        if Path(checkpoint).is_file() and after.init_args.get("weights"):
+            # The checkpoint's weights replace them anyway: do not read (or download) them again.
+            after.init_args.weights = None
 
     @staticmethod
     def _resolve_last_checkpoint(config: Any, subcommand: str | None) -> None:
@@ -217,12 +297,30 @@ class TemplateCLI(LightningCLI):
         subcommand = self.config.get("subcommand")
         config = self.config[subcommand] if subcommand else self.config
         callbacks = self.trainer_defaults.get("callbacks", [])
+        if subcommand == "predict":  # nothing to log: no run folder (the CSV is the result), no config.yaml in it
+            config.trainer.logger = False
+            self.save_config_callback = None
         if not config.trainer.get("logger"):  # --trainer.logger false: nothing to monitor learning rates into
             callbacks = [c for c in callbacks if not isinstance(c, LearningRateMonitor)]
-        configured = [getattr(c, "class_path", "") for c in config.trainer.get("callbacks") or []]
-        if config.trainer.get("enable_progress_bar") is False or any(map(is_progress_bar, configured)):
+        configured = config.trainer.get("callbacks") or []
+        classes = [getattr(c, "class_path", "") for c in configured]
+        if config.trainer.get("enable_progress_bar") is False or any(is_subclass(c, ProgressBar) for c in classes):
             callbacks = [c for c in callbacks if not isinstance(c, ProgressBar)]  # Lightning allows one, or none
         self.trainer_defaults["callbacks"] = callbacks
+        # Stacked configs (a preset on a job) may each bring a TwoStageFinetuning: the later one replaces the
+        # earlier, as a later config's value does (two would both unfreeze the backbone).
+        unfreezing = [c for c, path in zip(configured, classes, strict=True) if is_subclass(path, TwoStageFinetuning)]
+        for replaced in unfreezing[:-1]:
+            configured.remove(replaced)
+            rank_zero_info(
+                f"TwoStageFinetuning {dict(unfreezing[-1].get('init_args') or {})} replaces the earlier"
+                f" {dict(replaced.get('init_args') or {})} (the later config wins)."
+            )
+
+    def before_predict(self) -> None:
+        # Checkpoint callbacks write nothing here; restoring their state from the checkpoint would only warn that
+        # "the dirpath has changed" (the best-epoch one comes from the `checkpoint` options).
+        self.trainer.callbacks = [c for c in self.trainer.callbacks if not isinstance(c, ModelCheckpoint)]
 
     def before_fit(self) -> None:
         # Fix the run's version folder now: a spawning launcher (ddp_spawn) would otherwise let each
@@ -259,6 +357,23 @@ class TemplateCLI(LightningCLI):
             logger.log_metrics(final, step=trainer.global_step)
             logger.finalize("success")
         print("\n".join(lines), flush=True)
+
+
+def _setting(key: str) -> str:
+    """A model setting's key without jsonargparse's `init_args`: `optimizer.init_args.lr` -> `optimizer.lr`."""
+    return ".".join(part for part in key.split(".") if part != "init_args")
+
+
+def _leaves(namespace: Any) -> dict[str, Any]:
+    return {_setting(key): value for key, value in (namespace.items() if namespace is not None else [])}
+
+
+def _model_flags(args: list[str]) -> list[tuple[str, str]]:
+    """The `--model.<key>` flags on the command line, with their setting ("optimizer.lr"); not --model.weights,
+    which a checkpoint replaces by design."""
+    flags = [arg.partition("=")[0] for arg in args if arg.startswith("--model.")]
+    settings = [(flag, _setting(flag.removeprefix("--model."))) for flag in flags]
+    return [(flag, key) for flag, key in settings if key != "weights"]
 
 
 # Exceptions that are bugs wherever they come from: they always keep their traceback.

@@ -173,3 +173,54 @@ def test_bad_options_fail_before_any_data_loads(capsys) -> None:
     assert "lrr" in capsys.readouterr().err
     with pytest.raises(ValueError, match=r"cosine needs a finite run: set trainer.max_epochs"):
         TemplateCLI(args=[*config, "--trainer.max_epochs=-1"], run=False)
+
+
+@pytest.mark.slow
+def test_resume_refuses_another_models_checkpoint_and_flags_it_would_override(
+    tmp_path: Path, monkeypatch, fashion_mnist_dir
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    cnn = ["fit", "--config", str(ROOT / "configs/simple_cnn.yaml")]
+    # Kept tiny in every call: a run that is not refused trains only a step.
+    tiny = ["--trainer.max_epochs=1", "--trainer.limit_train_batches=1", "--trainer.limit_val_batches=1"]
+    tiny += ["--test_after_fit=false", "--trainer.enable_progress_bar=false"]
+    TemplateCLI(args=[*cnn, *tiny])
+    last = tmp_path / "logs/simple_cnn/version_0/checkpoints/last.ckpt"
+    vit = ["fit", "--config", str(ROOT / "configs/vit_fashion_mnist.yaml"), f"--ckpt_path={last}", *tiny]
+    with pytest.raises(ValueError, match=r"checkpoint of models\.SimpleCNN, but this config's model is models\.Transf"):
+        TemplateCLI(args=vit)
+    flags = ["--model.optimizer.lr=0.5", "--model.init_args.dropout", "0.4", "--model.hidden=128"]  # hidden: as saved
+    with pytest.raises(ValueError) as refused:
+        TemplateCLI(args=[*cnn, f"--ckpt_path={last}", *flags, *tiny, "--trainer.max_epochs=2"])
+    message = str(refused.value)
+    assert "--model.optimizer.lr 0.5 (checkpoint: 0.002)" in message
+    assert "--model.init_args.dropout 0.4 (checkpoint: 0.25)" in message
+    assert "hidden" not in message
+    assert not (tmp_path / "logs/simple_cnn/version_1").exists() and not (tmp_path / "logs/vit_fashion_mnist").exists()
+
+
+def _usage_error(args: list[str], capsys) -> list[str]:
+    with pytest.raises(SystemExit) as exit_:
+        TemplateCLI(args=args)
+    assert exit_.value.code == 2
+    return capsys.readouterr().err.splitlines()
+
+
+def test_a_misspelled_option_or_file_is_named_first_with_the_nearest_one(capsys) -> None:
+    config = ["fit", "--config", str(ROOT / "configs/simple_cnn.yaml")]
+    lines = _usage_error([*config, "--trainer.max_epohcs=3"], capsys)
+    assert lines[:2] == ["error: unrecognized arguments: --trainer.max_epohcs=3", "did you mean --trainer.max_epochs?"]
+    assert len(lines) == 3  # and where the options are listed: no 80-line usage
+    assert _usage_error([*config, "--model.dropot=0.4"], capsys)[-2] == "did you mean --model.dropout?"
+    assert _usage_error([*config, "--model.optimizer.lrr=3"], capsys)[-2] == "did you mean --model.optimizer.lr?"
+    lines = _usage_error(["fit", "--config", str(ROOT / "configs/simple_cn.yaml")], capsys)
+    assert lines[0].startswith("error: ") and "simple_cn.yaml" in lines[0]
+    assert lines[1] == f"did you mean {ROOT / 'configs/simple_cnn.yaml'}?"
+
+
+def test_model_help_says_what_each_model_accepts_as_weights(capsys) -> None:
+    with pytest.raises(SystemExit):
+        TemplateCLI(args=["fit", "--model.help", "ResNetClassifier"])
+    help_text = " ".join(capsys.readouterr().out.split())
+    weights = help_text[help_text.index("--model.weights WEIGHTS Start") :][:300]
+    assert "torchvision weights name" in weights and "DEFAULT, IMAGENET1K_V1" in weights

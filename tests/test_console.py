@@ -3,16 +3,22 @@ options from the environment, and the batch-size finder preset."""
 
 from __future__ import annotations
 
+import signal
 import sys
+import time
 from pathlib import Path
 
 import pytest
 import torch
 from lightning.pytorch.callbacks import RichModelSummary, RichProgressBar
 
+from lightning_template.callbacks import ExactResume, ResumeCheckpoint
 from lightning_template.callbacks.console import EpochLines
 from lightning_template.cli import TemplateCLI, main, template_error
+from lightning_template.data import FashionMNISTDataModule
+from lightning_template.models import SimpleCNN
 from tests.conftest import QUICK, ROOT
+from tests.helpers import SignalAtBatch
 
 JOB = ["--config", str(ROOT / "configs/simple_cnn.yaml")]
 
@@ -105,3 +111,26 @@ def test_rich_in_a_terminal_and_epoch_lines_elsewhere(terminal: bool, monkeypatc
     assert any(type(c) is RichModelSummary for c in trainer.callbacks)  # a static table, in a log file too
     quiet = TemplateCLI(args=[*JOB, "--trainer.enable_progress_bar=false"], run=False).trainer
     assert quiet.progress_bar_callback is None  # no clash with Lightning's switch
+
+
+def test_epoch_lines_show_this_epochs_train_acc_and_time_after_a_mid_epoch_resume(
+    tmp_path: Path, quick_trainer, capsys, fashion_mnist_dir
+) -> None:
+    def fit(*callbacks, ckpt_path=None):
+        callbacks = [ExactResume(), ResumeCheckpoint(dirpath=tmp_path), *callbacks]
+        trainer = quick_trainer(max_epochs=2, enable_progress_bar=True, callbacks=callbacks)
+        trainer.fit(SimpleCNN(), datamodule=FashionMNISTDataModule(batch_size=32), ckpt_path=ckpt_path)
+        return trainer
+
+    full = fit(EpochLines())
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("epoch ")]
+    assert "train_acc" in lines[0]  # logged by the module's last step, before the line is printed
+    assert f"train_acc {float(full.callback_metrics['train_acc']):.4g} " in lines[1]
+    with pytest.raises(SystemExit):
+        fit(SignalAtBatch(epoch=1, batch=1, signum=signal.SIGTERM))
+    capsys.readouterr()
+    started = time.monotonic()
+    fit(EpochLines(), ckpt_path=str(tmp_path / "last.ckpt"))
+    elapsed = time.monotonic() - started
+    resumed = [line for line in capsys.readouterr().out.splitlines() if line.startswith("epoch ")]
+    assert resumed[0].startswith("epoch 2/2") and float(resumed[0].rpartition("(")[2].split()[0]) <= elapsed

@@ -14,6 +14,7 @@ from lightning.pytorch.callbacks import LearningRateMonitor
 from lightning.pytorch.loggers import TensorBoardLogger
 
 from lightning_template.callbacks import ExactResume, ResumeCheckpoint, TwoStageFinetuning
+from lightning_template.cli import TemplateCLI
 from lightning_template.data import FashionMNISTDataModule
 from lightning_template.models import ResNetClassifier, SimpleCNN, TransformerClassifier
 from tests.conftest import ROOT, save_random_weights
@@ -172,3 +173,23 @@ def test_fp16_overflow_on_one_rank_is_skipped_by_every_rank(tmp_path: Path, fash
     backbone = [k for k in rank0["state"] if not k.startswith("fc.")]
     assert any(not torch.equal(rank0["state"][k], rank0["initial"][k]) for k in backbone)  # it trained
     assert same_state(rank0["state"], rank1["state"])  # the replicas stayed identical
+
+
+def test_stacked_configs_keep_the_later_finetuning(tmp_path: Path, monkeypatch, resnet_weights) -> None:
+    """transfer.yaml on resnet_finetune.yaml: both bring a TwoStageFinetuning; the preset's replaces the job's."""
+    monkeypatch.chdir(tmp_path)
+    for name in ("cat", "dog"):
+        (tmp_path / "images" / "train" / name).mkdir(parents=True)
+    configs = [f"--config={ROOT / 'configs' / name}" for name in ("resnet_finetune.yaml", "presets/transfer.yaml")]
+    cli = TemplateCLI(args=[*configs, f"--model.weights={resnet_weights}", "--data.root=images"], run=False)
+    finetuning = [c for c in cli.trainer.callbacks if isinstance(c, TwoStageFinetuning)]
+    assert [(c.unfreeze_at_epoch, c.backbone_lr_ratio, c.train_bn) for c in finetuning] == [(2, 1.0, True)]
+
+
+def test_two_unfreezing_callbacks_are_refused_before_the_first_step(tmp_path: Path, quick_trainer) -> None:
+    model = SimpleCNN(weights=str(save_random_weights(SimpleCNN, tmp_path / "cnn.pt")))
+    trainer = quick_trainer(callbacks=[TwoStageFinetuning(), TwoStageFinetuning(unfreeze_at_epoch=2)])
+    message = r"2 callbacks unfreeze the backbone: TwoStageFinetuning\(unfreeze_at_epoch=5, .*\), TwoStageFin.*=2,"
+    with pytest.raises(ValueError, match=message):
+        trainer.fit(model, datamodule=FashionMNISTDataModule())
+    assert trainer.global_step == 0

@@ -108,3 +108,10 @@ def test_predict_on_an_image_folder_writes_names_and_probabilities(tmp_path: Pat
     assert [Path(r["input"]).name for r in rows] == [f"photo{i}.png" for i in range(5)]
     assert list(rows[0]) == ["input", "prediction", "probability", "p_sneaker", "p_trouser", "p_tshirt"]
     assert all(abs(sum(float(r[f"p_{c}"]) for c in ("sneaker", "trouser", "tshirt")) - 1) < 1e-3 for r in rows)
+
+
+@pytest.mark.slow
+def test_predict_opens_no_run_folder_and_restores_no_checkpoint_callbacks(main_run: Path, main_predictions) -> None:
+    assert [p.name for p in (main_run / "logs/simple_cnn").iterdir()] == ["version_0"]  # the fit's only
+    assert "dirpath has changed" not in main_predictions.stderr
+    assert not (main_run / "config.yaml").exists()

@@ -27,6 +27,10 @@ class EpochLines(ProgressBar):
     def enable(self) -> None:
         self._enabled = True
 
+    def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        # A run resumed in the middle of an epoch gets no on_train_epoch_start for it: its time counts from here.
+        self.on_train_epoch_start(trainer, pl_module)
+
     def on_train_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._epoch_start = time.monotonic()
         self._loss_sum, self._batches = 0.0, 0

@@ -22,6 +22,7 @@ from __future__ import annotations
 from typing import Any, Literal
 
 from lightning import Callback, LightningModule, Trainer
+from lightning.pytorch.callbacks import BaseFinetuning
 from lightning.pytorch.utilities import rank_zero_info
 from torch import nn
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
@@ -72,6 +73,10 @@ class TwoStageFinetuning(Callback):
         self.best: float | None = None
         self.wait = 0
 
+    def __repr__(self) -> str:
+        settings = ("unfreeze_at_epoch", "patience", "backbone_lr_ratio")
+        return f"{type(self).__name__}({', '.join(f'{k}={getattr(self, k)}' for k in settings)})"
+
     @property
     def state_key(self) -> str:
         return self._generate_state_key(unfreeze_at_epoch=self.unfreeze_at_epoch, patience=self.patience)
@@ -100,6 +105,12 @@ class TwoStageFinetuning(Callback):
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         if stage != "fit":
             return
+        unfreezing = [c for c in trainer.callbacks if isinstance(c, (TwoStageFinetuning, BaseFinetuning))]
+        if len(unfreezing) > 1:  # each would add the backbone to the optimizer: torch refuses at the second
+            raise ValueError(
+                f"{len(unfreezing)} callbacks unfreeze the backbone: {', '.join(map(repr, unfreezing))}. Keep one"
+                " (in stacked configs, a later TwoStageFinetuning replaces an earlier one)."
+            )
         backbone = self._backbone(pl_module)
         if pl_module.hparams.get("weights") is None and trainer.ckpt_path is None:
             raise ValueError(

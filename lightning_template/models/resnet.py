@@ -73,6 +73,7 @@ class ResNetClassifier(ClassificationModule):
         input_shape: tuple[int, int, int] = (3, 224, 224),
         arch: ResNetName = "resnet18",
         head_dropout: float = 0.0,
+        weights: str | None = None,
         **kwargs: Any,
     ) -> None:
         """
@@ -82,10 +83,14 @@ class ResNetClassifier(ClassificationModule):
                 pretrained conv1 kernels are adapted (summed over RGB for grayscale).
             arch: Which torchvision ResNet.
             head_dropout: Dropout before the new classifier.
-            **kwargs: Optimizer, schedule and weights settings of `ClassificationModule`; `weights` also takes
-                a torchvision weights name such as DEFAULT or IMAGENET1K_V1 (downloaded).
+            weights: Start from trained weights: a torchvision weights name of `arch` (DEFAULT, IMAGENET1K_V1;
+                downloaded, needs a network), torchvision's .pth file, a state dict or a checkpoint of any run of
+                this template (everything but the classifier is loaded; conv1 is adapted to the channel count).
+            **kwargs: Optimizer and schedule settings of `ClassificationModule`.
         """
-        super().__init__(ResNetNet(arch, tuple(input_shape), num_classes, head_dropout), **kwargs)
+        # `weights` is declared here, not left to **kwargs: its help (--model.help) must name what ResNet accepts.
+        net = ResNetNet(arch, tuple(input_shape), num_classes, head_dropout)
+        super().__init__(net, weights=weights, **kwargs)
 
     def load_weights(self, weights: str) -> None:
         if Path(weights).suffix in {".pth", ".pt", ".ckpt"} or Path(weights).exists():

@@ -23,6 +23,7 @@ import os
 import random
 import signal
 import threading
+import warnings
 from typing import Any
 
 import numpy as np
@@ -32,6 +33,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.plugins.environments import SLURMEnvironment
 from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
+from lightning.pytorch.utilities.warnings import PossibleUserWarning
 
 from lightning_template.resume.sampling import ResumesFromLoop, derive_seed, global_seed
 
@@ -74,6 +76,13 @@ class ResumeCheckpoint(ModelCheckpoint):
         # The file already holds this step: a resume refused at start must not overwrite it.
         self._last_global_step_saved = checkpoint["global_step"]
 
+    def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        super().on_train_epoch_end(trainer, pl_module)
+        # ModelCheckpoint saves after validation when validation runs inside the epoch (val_check_interval < 1,
+        # check_val_every_n_epoch > 1): the batches after the epoch's last validation would be missing.
+        if not self._should_skip_saving_checkpoint(trainer):
+            self._save_topk_checkpoint(trainer, self._monitor_candidates(trainer))
+
     def _save_checkpoint(self, trainer: Trainer, filepath: str) -> None:
         if trainer.state.fn == TrainerFn.FITTING and not at_step_boundary(trainer):
             rank_zero_warn(
@@ -103,6 +112,7 @@ class ExactResume(Callback):
         self._stop_requested = False
         self._requeue_signal: int | None = None  # SLURM's requeue signal, once received
         self._requeue_installed = False
+        self._warnings: warnings.catch_warnings | None = None  # Lightning's warning silenced for this run
 
     # -- checkpoint state: what the epoch consumed, to refuse a resume that cannot skip it exactly --
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
@@ -147,6 +157,10 @@ class ExactResume(Callback):
                 " instead."
             )
         self._check_same_batches(trainer)
+        # Lightning warns that a loader without state_dict cannot resume mid-epoch; this one continues exactly.
+        self._warnings = warnings.catch_warnings()
+        self._warnings.__enter__()
+        warnings.filterwarnings("ignore", "You're resuming from a checkpoint that ended before", PossibleUserWarning)
         done = trainer.fit_loop.epoch_loop.batch_progress.current.processed
         self._seed_batch(trainer, done)
         rank_zero_info(f"ExactResume: continuing epoch {trainer.current_epoch} after {done} batches.")
@@ -236,8 +250,14 @@ class ExactResume(Callback):
             rank_zero_info(f"Stopping after optimizer step {trainer.global_step} (SIGTERM, Ctrl-C or requeue).")
             trainer._signal_connector.received_sigterm = True  # Lightning raises SIGTERMException next
 
-    def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+    def _restore(self) -> None:
         self._restore_signal_handlers()
+        if self._warnings is not None:
+            self._warnings.__exit__(None, None, None)
+            self._warnings = None
+
+    def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._restore()
 
     def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
-        self._restore_signal_handlers()
+        self._restore()

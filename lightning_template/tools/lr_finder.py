@@ -35,6 +35,14 @@ class LRFinder(LearningRateFinder):
         if trainer.ckpt_path is not None:  # the sweep would replace the restored training state
             rank_zero_info("LRFinder: resuming from a checkpoint, so no sweep; its learning rates continue.")
             return
+        available = trainer.estimated_stepping_batches  # the sweep's steps come from the run's epochs and batches
+        if available < self._num_training_steps:
+            # Lightning would end the sweep early and blame a diverging loss; spread it over the steps there are.
+            rank_zero_info(
+                f"LRFinder: the run has {available} optimizer steps (epochs x batches), fewer than num_training_steps"
+                f" {self._num_training_steps}: the sweep takes {available}."
+            )
+            self._num_training_steps = int(available)
         super().on_fit_start(trainer, pl_module)
         suggestion = self.optimal_lr.suggestion() if self.optimal_lr is not None else None
         if suggestion is None:
