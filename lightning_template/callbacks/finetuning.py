@@ -27,8 +27,8 @@ from lightning.pytorch.utilities import rank_zero_info
 from torch import nn
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
+from lightning_template.lightning_internals import closes_accumulation_window
 from lightning_template.models.schedule import WarmupSchedule, steps_per_epoch
-from lightning_template.resume.exact_resume import closes_accumulation_window
 
 
 class TwoStageFinetuning(Callback):

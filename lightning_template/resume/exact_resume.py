@@ -35,6 +35,15 @@ from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from lightning.pytorch.utilities.warnings import PossibleUserWarning
 
+from lightning_template.lightning_internals import (
+    closes_accumulation_window,
+    cluster_environment,
+    mark_saved_at,
+    requeue_slurm_job,
+    save_now,
+    stop_after_this_step,
+    train_data_fetcher,
+)
 from lightning_template.resume.sampling import ResumesFromLoop, derive_seed, global_seed
 
 
@@ -48,13 +57,6 @@ def seed_all(seed: int) -> None:
         torch.cuda.manual_seed_all(seed)
     if torch.backends.mps.is_available():
         torch.mps.manual_seed(seed)
-
-
-def closes_accumulation_window(trainer: Trainer) -> bool:
-    """Whether the current (or just finished) batch is the last micro-batch of an optimizer step.
-
-    Lightning's own rule (it also steps on an epoch's last, incomplete window)."""
-    return not trainer.fit_loop.epoch_loop._should_accumulate()
 
 
 def at_step_boundary(trainer: Trainer) -> bool:
@@ -74,14 +76,13 @@ class ResumeCheckpoint(ModelCheckpoint):
 
     def on_load_checkpoint(self, trainer: Trainer, pl_module: LightningModule, checkpoint: dict[str, Any]) -> None:
         # The file already holds this step: a resume refused at start must not overwrite it.
-        self._last_global_step_saved = checkpoint["global_step"]
+        mark_saved_at(self, checkpoint["global_step"])
 
     def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         super().on_train_epoch_end(trainer, pl_module)
         # ModelCheckpoint saves after validation when validation runs inside the epoch (val_check_interval < 1,
         # check_val_every_n_epoch > 1): the batches after the epoch's last validation would be missing.
-        if not self._should_skip_saving_checkpoint(trainer):
-            self._save_topk_checkpoint(trainer, self._monitor_candidates(trainer))
+        save_now(self, trainer)
 
     def _save_checkpoint(self, trainer: Trainer, filepath: str) -> None:
         if trainer.state.fn == TrainerFn.FITTING and not at_step_boundary(trainer):
@@ -139,11 +140,11 @@ class ExactResume(Callback):
         self._install_signal_handlers(trainer)
         if self._saved is None:
             return
-        if getattr(trainer.train_dataloader, "num_workers", 0) > 0 and trainer.fit_loop._data_fetcher is not None:
+        if getattr(trainer.train_dataloader, "num_workers", 0) > 0 and train_data_fetcher(trainer) is not None:
             # Lightning created the loader's iterator before restoring its loop from the checkpoint
             # (to count the steps for the schedule), and the workers have already prefetched epoch 0's
             # first indices (Lightning #21938). Start it again, from the restored position.
-            iter(trainer.fit_loop._data_fetcher)
+            iter(train_data_fetcher(trainer))
         if not trainer.fit_loop.restarted_mid_epoch:
             return
         loader = trainer.train_dataloader
@@ -213,7 +214,7 @@ class ExactResume(Callback):
             signal.SIGTERM: signal.signal(signal.SIGTERM, self._request_stop),
             signal.SIGINT: signal.signal(signal.SIGINT, self._graceful_sigint),
         }
-        environment = trainer._accelerator_connector.cluster_environment
+        environment = cluster_environment(trainer)
         if isinstance(environment, SLURMEnvironment) and environment.auto_requeue and environment.requeue_signal:
             requeue = environment.requeue_signal
             self._previous_handlers[requeue] = signal.signal(requeue, self._request_requeue)
@@ -245,10 +246,10 @@ class ExactResume(Callback):
             # Lightning's own requeue, at this step boundary on every rank: hpc_ckpt_<n>.ckpt in
             # default_root_dir (the requeued job resumes from it), then `scontrol requeue` from rank 0.
             rank_zero_info(f"SLURM requeue signal: saving and requeueing after optimizer step {trainer.global_step}.")
-            trainer._signal_connector._slurm_sigusr_handler_fn(self._requeue_signal or signal.SIGUSR1, None)
+            requeue_slurm_job(trainer, self._requeue_signal or signal.SIGUSR1)
         if requested or requeue:
             rank_zero_info(f"Stopping after optimizer step {trainer.global_step} (SIGTERM, Ctrl-C or requeue).")
-            trainer._signal_connector.received_sigterm = True  # Lightning raises SIGTERMException next
+            stop_after_this_step(trainer)  # Lightning raises SIGTERMException next
 
     def _restore(self) -> None:
         self._restore_signal_handlers()
