@@ -19,7 +19,6 @@ import os
 import re
 import signal
 import sys
-import traceback
 import zipfile
 from collections.abc import Callable
 from pathlib import Path
@@ -58,6 +57,7 @@ from lightning_template.callbacks.tracking import (
     tracker_runs,
 )
 from lightning_template.data.contract import CHECKPOINT_STATE_ARG, MODEL_LINKS
+from lightning_template.errors import ConfigError, MissingFileError, TemplateError
 from lightning_template.models.schedule import check_run_length
 
 ROOT = Path(__file__).resolve().parents[1]  # the project: configs/ and the scripts
@@ -84,11 +84,11 @@ def installed_callbacks() -> list[Any]:
 def _check_checkpoint_file(path: Path) -> None:
     """Fail before building anything if --ckpt_path cannot be a checkpoint."""
     if not path.is_file():
-        raise FileNotFoundError(
+        raise MissingFileError(
             f"--ckpt_path {path}: no such file. Checkpoints are in logs/<name>/version_*/checkpoints/."
         )
     if not zipfile.is_zipfile(path):  # torch.save writes a zip archive; a cut-off file has no central directory
-        raise ValueError(
+        raise ConfigError(
             f"--ckpt_path {path}: not a readable PyTorch checkpoint (truncated or corrupt)."
             " Use another one, e.g. the best-epoch checkpoint next to it."
         )
@@ -239,7 +239,7 @@ class TemplateCLI(LightningCLI):
         if before is None or after is None or not checkpoint:
             return
         if before.class_path != after.class_path:
-            raise ValueError(
+            raise ConfigError(
                 f"--ckpt_path {checkpoint} is a checkpoint of {after.class_path}, but this config's model is"
                 f" {before.class_path}. Use the config of the run that wrote it, or start a new run from its weights"
                 f" with --model.weights {checkpoint}."
@@ -252,7 +252,7 @@ class TemplateCLI(LightningCLI):
             if (key == prefix or key.startswith(f"{prefix}.")) and old[key] != new.get(key)
         ]
         if changed:
-            raise ValueError(
+            raise ConfigError(
                 f"--ckpt_path {checkpoint}: the model is built with the checkpoint's hyper-parameters, which differ"
                 f" from {', '.join(changed)}. Drop these flags, or start a new run from its weights with"
                 f" --model.weights {checkpoint}."
@@ -283,7 +283,7 @@ class TemplateCLI(LightningCLI):
         ]
         if not candidates:
             if subcommand != "fit":
-                raise FileNotFoundError(f"--ckpt_path last: no {folder}/*/checkpoints/last.ckpt found.")
+                raise MissingFileError(f"--ckpt_path last: no {folder}/*/checkpoints/last.ckpt found.")
             rank_zero_warn(f"--ckpt_path last: nothing to resume in {folder}; starting from scratch.")
             config.ckpt_path = None
             return
@@ -376,29 +376,12 @@ def _model_flags(args: list[str]) -> list[tuple[str, str]]:
     return [(flag, key) for flag, key in settings if key != "weights"]
 
 
-# Exceptions that are bugs wherever they come from: they always keep their traceback.
-BUG_TYPES = (AssertionError, AttributeError, NameError, IndexError, RecursionError, ZeroDivisionError)
-
-
-def raised_on_purpose(error: BaseException) -> bool:
-    """Raised by a `raise` statement of this project's code (not by a library, not by a failing builtin)."""
-    frames = traceback.extract_tb(error.__traceback__)
-    if not frames or not isinstance(error, Exception) or isinstance(error, BUG_TYPES):
-        return False
-    origin = Path(frames[-1].filename).resolve()
-    ours = origin.is_relative_to(ROOT) and "site-packages" not in origin.parts
-    return ours and (frames[-1].line or "").lstrip().startswith("raise")
-
-
-def template_error(error: BaseException) -> BaseException | None:
-    """The error this template raised on purpose behind `error`, if any: the deepest one of the
-    `raise ... from` chain (jsonargparse wraps errors of a model's `__init__` in its own)."""
-    found = None
-    while error is not None:
-        if raised_on_purpose(error):
-            found = error
+def template_error(error: BaseException) -> TemplateError | None:
+    """The `TemplateError` behind `error`, if any: the error itself or one it was raised from (jsonargparse wraps
+    the errors of a model's `__init__` in its own)."""
+    while error is not None and not isinstance(error, TemplateError):
         error = error.__cause__
-    return found
+    return error
 
 
 def debug_requested(argv: list[str]) -> bool:
@@ -416,8 +399,8 @@ def debug_requested(argv: list[str]) -> bool:
 
 
 def exit_on_error(run: Callable[[], Any]) -> Any:
-    """Run a command; an error this template raised on purpose is printed as its message (with the fix),
-    without the traceback, and exits 1. `--debug` or TEMPLATE_DEBUG=1 shows the traceback."""
+    """Run a command; a `TemplateError` (a problem of the input, with its fix) is printed as its message, without
+    the traceback, and exits 1; any other exception keeps its traceback. `--debug` or TEMPLATE_DEBUG=1 shows it."""
     try:
         return run()
     except SIGTERMException:  # stopped by SIGTERM or Ctrl-C after saving last.ckpt: not a success

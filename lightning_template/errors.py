@@ -23,3 +23,7 @@ class DataError(TemplateError, ValueError):
 
 class InterfaceError(TemplateError, TypeError):
     """A model, datamodule or callback without what the template needs from it (its contract)."""
+
+
+class MissingPackageError(TemplateError, ModuleNotFoundError):
+    """An optional package a chosen feature needs; the message gives the install command."""

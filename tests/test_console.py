@@ -16,6 +16,7 @@ from lightning_template.callbacks import ExactResume, ResumeCheckpoint
 from lightning_template.callbacks.console import EpochLines
 from lightning_template.cli import TemplateCLI, main, template_error
 from lightning_template.data import FashionMNISTDataModule
+from lightning_template.errors import ConfigError
 from lightning_template.models import SimpleCNN
 from tests.conftest import QUICK, ROOT
 from tests.helpers import SignalAtBatch
@@ -85,9 +86,12 @@ def _raised(function) -> Exception:
     raise AssertionError("did not raise")
 
 
-def test_only_explicit_raises_of_the_project_drop_their_traceback() -> None:
+def test_only_template_errors_drop_their_traceback() -> None:
     def refuse() -> None:
-        raise ValueError("--data.fold 7: only 5 folds; use 0..4.")
+        raise ConfigError("--data.fold 7: only 5 folds; use 0..4.")
+
+    def plain() -> None:
+        raise ValueError("a ValueError of the project's own code is a bug unless it is a TemplateError")
 
     def bug() -> None:
         _ = {}["num_classes"]  # raised by the builtin: a bug, whose traceback the user needs
@@ -98,7 +102,8 @@ def test_only_explicit_raises_of_the_project_drop_their_traceback() -> None:
     on_purpose = _raised(refuse)
     assert template_error(on_purpose) is on_purpose
     assert template_error(_raised(bug)) is None
-    assert isinstance(template_error(_raised(wrapped)), ValueError)  # the cause, not the wrapper
+    assert template_error(_raised(plain)) is None
+    assert isinstance(template_error(_raised(wrapped)), ConfigError)  # the cause, not the wrapper
     assert template_error(_raised(lambda: torch.zeros(2) @ torch.zeros(3))) is None  # a library's error
 
 

@@ -104,7 +104,7 @@ def _write_jsonl(path: Path, records: list[dict]) -> Path:
 
 def test_text_file_errors_name_the_file_and_fix(tmp_path: Path) -> None:
     train = _write_jsonl(tmp_path / "train.jsonl", [{"sentence": "hello there", "label": "greeting"}])
-    with pytest.raises(KeyError, match=r"train\.jsonl:1: the record has no column \['text'\].*--data.text_column"):
+    with pytest.raises(ValueError, match=r"train\.jsonl:1: the record has no column \['text'\].*--data.text_column"):
         TextClassificationDataModule(train_file=str(train))
     train = _write_jsonl(tmp_path / "train.jsonl", [{"text": "hello there", "label": "greeting"}])
     val = _write_jsonl(tmp_path / "val.jsonl", [{"text": "bye", "label": "farewell"}])

@@ -27,6 +27,7 @@ from lightning.pytorch.utilities import rank_zero_info
 from torch import nn
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
+from lightning_template.errors import ConfigError, InterfaceError
 from lightning_template.lightning_internals import closes_accumulation_window
 from lightning_template.models.schedule import WarmupSchedule, steps_per_epoch
 
@@ -57,7 +58,7 @@ class TwoStageFinetuning(Callback):
                 (their affine weights stay frozen).
         """
         if unfreeze_at_epoch is None and patience is None:
-            raise ValueError("TwoStageFinetuning: set unfreeze_at_epoch, patience, or both.")
+            raise ConfigError("TwoStageFinetuning: set unfreeze_at_epoch, patience, or both.")
         self.unfreeze_at_epoch = unfreeze_at_epoch
         self.patience = patience
         self.monitor = monitor
@@ -95,7 +96,7 @@ class TwoStageFinetuning(Callback):
         if not callable(getattr(net, "get_classifier", None)) or not callable(
             getattr(pl_module, "parameter_groups", None)
         ):
-            raise TypeError(
+            raise InterfaceError(
                 f"TwoStageFinetuning needs a ClassificationModule whose `net` has the classifier seam"
                 f" (lightning_template/models/seam.py: get_classifier); {type(pl_module).__name__} has none."
             )
@@ -107,13 +108,13 @@ class TwoStageFinetuning(Callback):
             return
         unfreezing = [c for c in trainer.callbacks if isinstance(c, (TwoStageFinetuning, BaseFinetuning))]
         if len(unfreezing) > 1:  # each would add the backbone to the optimizer: torch refuses at the second
-            raise ValueError(
+            raise ConfigError(
                 f"{len(unfreezing)} callbacks unfreeze the backbone: {', '.join(map(repr, unfreezing))}. Keep one"
                 " (in stacked configs, a later TwoStageFinetuning replaces an earlier one)."
             )
         backbone = self._backbone(pl_module)
         if pl_module.hparams.get("weights") is None and trainer.ckpt_path is None:
-            raise ValueError(
+            raise ConfigError(
                 "TwoStageFinetuning: the model starts from random weights (--model.weights is null), so stage 1"
                 " would train a classifier on random features. Give --model.weights (a torchvision weights name for"
                 " ResNet, or a .pth/.ckpt file), or remove the callback to train from scratch."
@@ -125,15 +126,15 @@ class TwoStageFinetuning(Callback):
 
     def on_fit_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         if len(trainer.optimizers) != 1:
-            raise ValueError(f"TwoStageFinetuning supports one optimizer, got {len(trainer.optimizers)}.")
+            raise ConfigError(f"TwoStageFinetuning supports one optimizer, got {len(trainer.optimizers)}.")
         scheduler = self._scheduler(trainer)
         if scheduler is not None and not isinstance(scheduler, WarmupSchedule):
-            raise ValueError(
+            raise ConfigError(
                 f"TwoStageFinetuning: the scheduler {type(scheduler).__name__} cannot schedule a param group added"
                 " mid-run. Use the model's own schedule (--model.schedule/--model.warmup_epochs)."
             )
         if not any(group.get("name") == "head" for group in trainer.optimizers[0].param_groups):
-            raise ValueError(
+            raise ConfigError(
                 "TwoStageFinetuning: the optimizer has no param group named 'head'. Let the model build the optimizer"
                 " from `parameter_groups` (ClassificationModule.configure_optimizers)."
             )
@@ -177,7 +178,7 @@ class TwoStageFinetuning(Callback):
         current = trainer.callback_metrics.get(self.monitor)
         if current is None:
             logged = sorted(trainer.callback_metrics)
-            raise KeyError(f"TwoStageFinetuning: monitor '{self.monitor}' was not logged; logged: {logged}.")
+            raise ConfigError(f"TwoStageFinetuning: monitor '{self.monitor}' was not logged; logged: {logged}.")
         value = float(current)
         improved = self.best is None or (
             value < self.best - self.min_delta if self.mode == "min" else value > self.best + self.min_delta

@@ -11,6 +11,7 @@ from lightning import LightningModule, Trainer
 from lightning.pytorch.callbacks import BasePredictionWriter
 
 from lightning_template.data.contract import ClassificationData
+from lightning_template.errors import InterfaceError
 
 
 class CSVPredictionWriter(BasePredictionWriter):
@@ -27,7 +28,7 @@ class CSVPredictionWriter(BasePredictionWriter):
     def on_predict_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         datamodule = trainer.datamodule
         if not isinstance(datamodule, ClassificationData):
-            raise TypeError(
+            raise InterfaceError(
                 "CSVPredictionWriter needs a datamodule with the ClassificationData interface (data/contract.py)"
                 f" (num_classes, class_names, predict_inputs()); got {type(datamodule).__name__}."
             )

@@ -23,6 +23,8 @@ from lightning.pytorch.cli import SaveConfigCallback
 from lightning.pytorch.loggers import CSVLogger, Logger, MLFlowLogger, TensorBoardLogger, WandbLogger
 from torchvision.utils import save_image
 
+from lightning_template.errors import MissingPackageError
+
 # Per logger class: the argument that groups runs (the job's name goes there) and the one naming a run.
 EXPERIMENT_ARG = {
     "TensorBoardLogger": "name",
@@ -120,7 +122,7 @@ def check_tracker_installed(logger_class: str) -> None:
     try:
         importlib.import_module(module)
     except ImportError:
-        raise ModuleNotFoundError(
+        raise MissingPackageError(
             f"--trainer.logger {logger_class} needs the `{module}` package: pip install -e '.[{extra}]'"
             " (or choose another logger preset in configs/presets/)."
         ) from None

@@ -30,7 +30,7 @@ from torch.utils.data import DataLoader, Dataset
 from lightning_template.data.folds import check_fold, fold_split
 from lightning_template.input_spec import TOKEN_PATTERN, split_words
 from lightning_template.resume.sampling import EpochSampler, SplitLoaders, global_seed, make_loader
-from lightning_template.errors import ConfigError, MissingFileError
+from lightning_template.errors import ConfigError, MissingFileError, DataError
 
 class WordTokenizer:
     PAD, UNK = "<pad>", "<unk>"
@@ -89,7 +89,7 @@ def read_records(path: Path, text_column: str, label_column: str | None) -> list
     for number, row in rows:
         missing = [c for c in columns if c not in row]
         if missing:
-            raise KeyError(
+            raise DataError(
                 f"{path}:{number}: the record has no column {missing}; it has {sorted(row)}."
                 " Set --data.text_column / --data.label_column."
             )

@@ -35,6 +35,7 @@ from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from lightning.pytorch.utilities.warnings import PossibleUserWarning
 
+from lightning_template.errors import ConfigError, InterfaceError
 from lightning_template.lightning_internals import (
     closes_accumulation_window,
     cluster_environment,
@@ -150,7 +151,7 @@ class ExactResume(Callback):
         loader = trainer.train_dataloader
         sampler = getattr(loader, "sampler", None)
         if not (isinstance(sampler, ResumesFromLoop) or isinstance(loader, ResumesFromLoop)):
-            raise TypeError(
+            raise InterfaceError(
                 "Exact mid-epoch resume needs a training loader that continues from the Trainer's position: a"
                 " lightning_template.resume.sampling.EpochSampler (make_loader uses one) or the streaming"
                 " datamodules' loader;"
@@ -174,7 +175,7 @@ class ExactResume(Callback):
         changed = {k: (saved[k], v) for k, v in now.items() if k in saved and saved[k] != v}
         if changed:
             what = ", ".join(f"{k} {old} -> {new}" for k, (old, new) in changed.items())
-            raise ValueError(
+            raise ConfigError(
                 f"The checkpoint was written in the middle of an epoch with other batches ({what}): the samples"
                 " already trained cannot be skipped exactly. Resume with the original --data.batch_size,"
                 " --trainer.devices/num_nodes (and --data.num_workers for streamed data), or from a checkpoint"

@@ -34,7 +34,7 @@ from torch.utils.data import DataLoader, Dataset, default_collate
 
 from lightning_template.data.in_memory import DeviceImageTransforms
 from lightning_template.data.text import PadCollate
-from lightning_template.errors import DataError
+from lightning_template.errors import DataError, MissingPackageError
 from lightning_template.input_spec import center_crop, resized_size
 from lightning_template.resume.sampling import SplitLoaders, derive_seed, global_seed, make_loader, world
 
@@ -55,7 +55,7 @@ def require_litdata() -> None:
     try:
         import litdata  # noqa: F401
     except ImportError as err:
-        raise ModuleNotFoundError(
+        raise MissingPackageError(
             "Streaming datasets need LitData: pip install -e '.[stream]' (make test installs it)."
         ) from err
 

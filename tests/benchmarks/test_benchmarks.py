@@ -19,7 +19,7 @@ from lightning_template.data import FashionMNISTDataModule
 from lightning_template.models import SimpleCNN
 from lightning_template.resume.exact_resume import seed_all
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def coverage(n: int, lo: int, hi: int) -> float:
