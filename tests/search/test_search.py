@@ -319,13 +319,13 @@ def test_make_tune_runs_the_readmes_command():
 def test_a_run_config_is_parsed_once_and_each_run_is_a_checked_copy_with_its_values(monkeypatch):
     monkeypatch.setenv("PL_FIT__TRAINER__LIMIT_TRAIN_BATCHES", "3")  # the environment as train.py fit reads it
     job = runs.RunConfig.parse([f"--config={JOB}", "--trainer.max_epochs=2"])
-    run = job.with_values({"model.dropout": 0.1, "data.num_folds": 3, "data.fold": 1}).named("cv", "fold_1")
-    assert (run.namespace.model.init_args.dropout, run.namespace.data.init_args.fold) == (0.1, 1)
+    run = job.with_values({"model.dropout": 0.3, "data.num_folds": 3, "data.fold": 1}).named("cv", "fold_1")
+    assert (run.namespace.model.init_args.dropout, run.namespace.data.init_args.fold) == (0.3, 1)
     assert run.namespace.trainer.logger.init_args.version == "fold_1" and run.namespace.trainer.limit_train_batches == 3
-    assert job.namespace.model.init_args.dropout == 0.25  # the parsed config itself is left as it was
-    assert run.settings()["model.dropout"] == 0.1 and run.settings()["trainer.max_epochs"] == 2
+    assert job.namespace.model.init_args.dropout == 0.1  # the parsed config itself is left as it was
+    assert run.settings()["model.dropout"] == 0.3 and run.settings()["trainer.max_epochs"] == 2
     written = yaml.safe_load(run.job_yaml())  # what differs from configs/defaults.yaml, as a job config
-    assert written["trainer"]["max_epochs"] == 2 and written["model"]["init_args"]["dropout"] == 0.1
+    assert written["trainer"]["max_epochs"] == 2 and written["model"]["init_args"]["dropout"] == 0.3
     assert "seed_everything" not in written and "name" not in written["trainer"]["logger"]["init_args"]
     assert run.resumed({"run_dir": "no/such/run", "tracker_runs": {}}) == run  # nothing saved: a fresh start
     with pytest.raises(runs.FlagError, match="no_such_option"):
