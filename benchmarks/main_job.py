@@ -38,8 +38,9 @@ def run(config: str, seed: int, workdir: Path) -> tuple[float, float]:
     return seconds, float(accuracy.group(1)) if accuracy else float("nan")
 
 
-def mean_std(values: list[float]) -> str:
-    return f"{statistics.mean(values):.4g} ± {statistics.stdev(values):.2g}" if len(values) > 1 else f"{values[0]:.4g}"
+def mean_std(values: list[float], decimals: int) -> str:
+    spread = f" ± {statistics.stdev(values):.{decimals}f}" if len(values) > 1 else ""
+    return f"{statistics.mean(values):.{decimals}f}{spread}"
 
 
 def main() -> None:
@@ -58,7 +59,7 @@ def main() -> None:
     for name, runs in results.items():
         seconds = [r["seconds"] for r in runs]
         accuracy = [100 * r["test_acc"] for r in runs]
-        print(f"{name:42} {mean_std(seconds):>16} {mean_std(accuracy):>20}")
+        print(f"{name:42} {mean_std(seconds, 1):>16} {mean_std(accuracy, 2):>20}")
     options.out.parent.mkdir(parents=True, exist_ok=True)
     options.out.write_text(json.dumps(results, indent=1))
 
