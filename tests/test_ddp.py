@@ -18,7 +18,7 @@ from tests.helpers import free_port, max_difference
 
 # Same data, seed and global batch (64) for every run below; no dropout, so runs can match.
 COMMON = [
-    "--config", str(ROOT / "configs/simple_cnn.yaml"),
+    "--config", str(ROOT / "configs/simple_cnn_classic.yaml"),
     "--model.dropout=0", "--trainer.max_epochs=1", "--trainer.limit_train_batches=10",
     "--trainer.limit_val_batches=4", "--trainer.limit_test_batches=4", "--trainer.enable_progress_bar=false",
     "--trainer.deterministic=true",
@@ -30,7 +30,7 @@ PARITY_TOLERANCE = 1e-4
 
 
 def _final_state(workdir: Path) -> dict[str, torch.Tensor]:
-    checkpoint = torch.load(workdir / "logs/simple_cnn/version_0/checkpoints/last.ckpt", weights_only=False)
+    checkpoint = torch.load(workdir / "logs/simple_cnn_classic/version_0/checkpoints/last.ckpt", weights_only=False)
     return checkpoint["state_dict"]
 
 
@@ -46,7 +46,7 @@ def test_ddp_preset_runs_two_processes_and_rank_zero_reports(ddp_run: tuple[Path
     workdir, output = ddp_run
     assert "Initializing distributed: GLOBAL_RANK: 1, MEMBER: 2/2" in output
     assert output.count("test accuracy:") == 1  # the summary comes from rank 0 only
-    assert [p.name for p in (workdir / "logs" / "simple_cnn").iterdir()] == ["version_0"]
+    assert [p.name for p in (workdir / "logs" / "simple_cnn_classic").iterdir()] == ["version_0"]
 
 
 @pytest.mark.slow
@@ -76,9 +76,9 @@ def test_ddp_spawn_fits_tests_and_reports_in_one_run_folder(tmp_path: Path, fash
         "fit", *COMMON, "--trainer.strategy=ddp_spawn", "--trainer.accelerator=cpu", "--trainer.devices=2",
         "--data.batch_size=32", cwd=tmp_path,
     )  # fmt: skip
-    assert "best checkpoint: logs/simple_cnn/version_0/checkpoints/epoch=0-val_acc=" in result.stdout
+    assert "best checkpoint: logs/simple_cnn_classic/version_0/checkpoints/epoch=0-val_acc=" in result.stdout
     assert result.stdout.count("test accuracy:") == 1
-    assert [p.name for p in (tmp_path / "logs" / "simple_cnn").iterdir()] == ["version_0"]
+    assert [p.name for p in (tmp_path / "logs" / "simple_cnn_classic").iterdir()] == ["version_0"]
 
 
 def _rank_that_exits_after_its_work(rank: int, port: int) -> None:
@@ -160,7 +160,7 @@ def test_ddp_run_stopped_by_sigterm_resumes_exactly(tmp_path: Path, fashion_mnis
         text=True, timeout=300,
     )  # fmt: skip
     assert stopped.returncode == 143, stopped.stderr[-3000:]
-    checkpoint = torch.load(tmp_path / "logs/simple_cnn/version_0/checkpoints/last.ckpt", weights_only=True)
+    checkpoint = torch.load(tmp_path / "logs/simple_cnn_classic/version_0/checkpoints/last.ckpt", weights_only=True)
     assert checkpoint["global_step"] == 4  # rank 0 signalled after batch 3: both ranks stopped there
     run_cli(*args, "--ckpt_path=last", cwd=tmp_path)
     assert max_difference(_final_state(tmp_path / "full"), _final_state(tmp_path)) == 0.0

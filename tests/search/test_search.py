@@ -34,7 +34,7 @@ ONE_EPOCH = [*TINY, "--trainer.max_epochs=1"]
 # Flags that make other runs of ONE_EPOCH's, and how a refusal names them.
 OTHER_FLAGS = [
     ("--trainer.max_epochs=3", "trainer.max_epochs 1 → 3"),
-    ("--model.optimizer.init_args.lr=0.5", "model.optimizer.init_args.lr 0.002 → 0.5"),
+    ("--model.optimizer.init_args.lr=0.5", "model.optimizer.init_args.lr 0.003 → 0.5"),
 ]
 
 
@@ -76,7 +76,7 @@ def test_search_prunes_a_bad_trial_and_writes_table_plots_and_best_config(tmp_pa
     assert best_config["model"]["init_args"]["optimizer"]["init_args"]["lr"] == float(
         best["model.optimizer.init_args.lr"]
     )
-    assert "max_epochs" not in best_config.get("trainer", {}) or best_config["trainer"]["max_epochs"] == 6
+    assert "max_epochs" not in best_config.get("trainer", {}) or best_config["trainer"]["max_epochs"] == 5
     runs.RunConfig.parse([f"--config={out / 's_best.yaml'}"])  # ready to run with train.py
 
 

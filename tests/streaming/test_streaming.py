@@ -107,12 +107,13 @@ def test_text_round_trip(tmp_path: Path, fortunes_dir: Path) -> None:
 @pytest.mark.slow
 def test_fit_and_predict_from_chunks_through_the_cli(tmp_path: Path, fashion_stream: Path) -> None:
     data = ["--data", "lightning_template.streaming.StreamingImageDataModule", f"--data.input_dir={fashion_stream}"]
-    args = ["--config", str(ROOT / "configs/simple_cnn.yaml"), *data, "--data.augment=true", "--data.batch_size=32"]
+    job = str(ROOT / "configs/simple_cnn_classic.yaml")
+    args = ["--config", job, *data, "--data.augment=true", "--data.batch_size=32"]
     fit = run_cli("fit", *args, *QUICK, "--trainer.max_epochs=2", cwd=tmp_path)
     assert "test accuracy:" in fit.stdout
     accuracy = float(fit.stdout.rpartition("test accuracy:")[2].split()[0])
     assert accuracy > 0.8  # 3 easy classes (T-shirt, trouser, sneaker), 20 steps
-    checkpoint = tmp_path / "logs/simple_cnn/version_0/checkpoints/last.ckpt"
+    checkpoint = tmp_path / "logs/simple_cnn_classic/version_0/checkpoints/last.ckpt"
     run_cli("predict", *args, f"--ckpt_path={checkpoint}", "--trainer.enable_progress_bar=false", cwd=tmp_path)
     with open(tmp_path / "predictions.csv") as f:
         rows = list(csv.DictReader(f))
