@@ -194,8 +194,8 @@ def test_resume_refuses_another_models_checkpoint_and_flags_it_would_override(
     with pytest.raises(ValueError) as refused:
         TemplateCLI(args=[*cnn, f"--ckpt_path={last}", *flags, *tiny, "--trainer.max_epochs=2"])
     message = str(refused.value)
-    assert "--model.optimizer.lr 0.5 (checkpoint: 0.002)" in message
-    assert "--model.init_args.dropout 0.4 (checkpoint: 0.25)" in message
+    assert "--model.optimizer.lr 0.5 (checkpoint: 0.003)" in message
+    assert "--model.init_args.dropout 0.4 (checkpoint: 0.1)" in message
     assert "hidden" not in message
     assert not (tmp_path / "logs/simple_cnn/version_1").exists() and not (tmp_path / "logs/vit_fashion_mnist").exists()
 
