@@ -40,8 +40,9 @@ class BareLoop:
 
     def __init__(self, module: ClassificationModule, datamodule: InMemoryImageDataModule, schedule: dict) -> None:
         twin = type(module)(**{k: v for k, v in module.hparams.items() if not k.startswith("_")})
+        twin.configure_model()  # the same memory format (channels_last) and compilation as the template's run
         self.device = module.device
-        self.net = twin.net.to(self.device).train()
+        self.model = twin.to(self.device).train()  # its forward only lays the batch out as the network expects
         self.loss_fn = twin.loss_fn
         self.optimizer = twin.make_optimizer(twin.parameter_groups("head") + twin.parameter_groups("backbone"))
         self.scheduler = WarmupSchedule(self.optimizer, **schedule)
@@ -57,7 +58,7 @@ class BareLoop:
                 break
             images = self.data.normalize(images.to(self.device, non_blocking=True))
             labels = labels.to(self.device, non_blocking=True)
-            loss = self.loss_fn(self.net(images), labels)
+            loss = self.loss_fn(self.model(images), labels)
             self.optimizer.zero_grad(set_to_none=True)
             loss.backward()
             self.optimizer.step()
