@@ -8,7 +8,7 @@ ARGS ?=
 export MALLOC_MMAP_THRESHOLD_ ?= 33554432
 export MALLOC_TRIM_THRESHOLD_ ?= 1073741824
 
-.PHONY: install data train test matrix bench bench-main bench-quick bench-gpu bench-scale bench-serve serve lint format clean transfer text-data tune seeds
+.PHONY: install data train test matrix bench bench-main bench-quick bench-gpu bench-scale bench-serve serve lint format clean transfer text-data tune seeds docs
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -25,7 +25,7 @@ data: install
 train: data
 	$(BIN)/python train.py fit --config $(CONFIG) $(ARGS)
 
-# Hyperparameter search, the README's command (Experiments); run it again to continue a stopped search.
+# Hyperparameter search, the command of docs/experiments.md; run it again to continue a stopped search.
 TRIALS ?= 12
 tune: data
 	$(BIN)/python tune.py --config $(CONFIG) --search configs/search/$(notdir $(CONFIG)) --trials $(TRIALS) \
@@ -88,10 +88,14 @@ format: install
 	$(BIN)/ruff check --fix .
 	$(BIN)/ruff format .
 
-clean:
-	rm -rf logs lightning_logs .pytest_cache
+# The documentation site (docs/, mkdocs.yml) into site/; a broken link or anchor fails the build.
+docs: install
+	$(BIN)/mkdocs build --strict
 
-# Transfer-learning recipe (README): pretrain on classes 0-4, fine-tune on 100 images/class of 5-9, compare to scratch.
+clean:
+	rm -rf logs lightning_logs .pytest_cache site
+
+# Transfer-learning recipe (docs/finetuning.md): pretrain on classes 0-4, fine-tune on 100 images/class of 5-9, compare to scratch.
 # Steps 2 and 3 are the same job; step 2 stacks the two-stage fine-tuning preset on it.
 transfer: data
 	$(BIN)/python train.py fit --config configs/resnet_fmnist_pretrain.yaml

@@ -189,7 +189,7 @@ def time_to_accuracy(logs: Path) -> dict[str, Any]:
 
 
 def markdown(results: dict[str, Any]) -> str:
-    """The table README's performance section shows."""
+    """The table docs/benchmarks.md shows."""
     machine = results["machine"]
     run = "quick" if results["quick"] else "full"
     head = (

@@ -16,6 +16,7 @@ import pytest
 import tomllib
 
 from tests.conftest import QUICK, ROOT
+from tests.test_docs import doc_paths, strip_extra_blocks
 
 EXTRAS: dict[str, list[str]] = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["lightning_template"][
     "extras"
@@ -47,7 +48,8 @@ def test_every_path_of_an_extra_exists() -> None:
 
 
 def project_without(tmp_path: Path, removed: list[str]) -> Path:
-    """A copy of the project's tracked files, less the given extras' paths and their entries in pyproject.toml."""
+    """A copy of the project's tracked files, less the given extras' paths, their entries in pyproject.toml and
+    their blocks in the documentation (README.md, mkdocs.yml, docs/)."""
     tracked = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True).stdout
     gone = [path for name in removed for path in EXTRAS[name]]
     copy = tmp_path / "project"
@@ -58,6 +60,8 @@ def project_without(tmp_path: Path, removed: list[str]) -> Path:
     pyproject = copy / "pyproject.toml"
     for name in removed:
         pyproject.write_text(re.sub(rf"^{name} = \[.*?\]\n", "", pyproject.read_text(), flags=re.M | re.S))
+    for path in doc_paths(copy):
+        path.write_text(strip_extra_blocks(path.read_text(), set(removed)))
     return copy
 
 
