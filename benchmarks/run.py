@@ -33,7 +33,7 @@ import torchvision
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from torch.utils.data import DataLoader
 
-from benchmarks.overhead import end_to_end, per_step_overhead, sync
+from benchmarks.overhead import end_to_end, lightning_floor, per_step_overhead, sync
 from benchmarks.stats import Summary, describe, summarize
 from benchmarks.throughput import StepSpec, interleaved_windows, job_model, time_in_flop_ops, training_step
 from lightning_template.data import FashionMNISTDataModule
@@ -58,10 +58,12 @@ def bench_overhead(pairs: int, workdir: Path) -> dict[str, Any]:
     """Per-step and per-epoch cost of `train.py fit` over the bare loop, tiny network, 300 steps per epoch."""
     steps = 300
     measured = per_step_overhead(DEVICE, steps, pairs, workdir)
+    floor = lightning_floor(DEVICE, steps, pairs)
     return {
         "steps_per_epoch": steps,
         "overhead_us_per_step": summarize(measured["us_per_step"]).as_dict(1),
         "overhead_in_bare_steps": summarize(measured["in_bare_steps"]).as_dict(4),
+        "lightning_alone_in_bare_steps": summarize(floor).as_dict(4),
         "bare_step_us": summarize(measured["bare_step_us"]).as_dict(1),
         "fit_step_us": summarize(measured["fit_step_us"]).as_dict(1),
         "epoch_end_ms": summarize(measured["epoch_end_ms"]).as_dict(2),
@@ -209,6 +211,8 @@ def markdown(results: dict[str, Any]) -> str:
     rows.append(f"| `train.py fit` overhead per step (tiny network, batch 8) | {describe(us, 'µs')} |")
     relative = describe(Summary(**overhead["overhead_in_bare_steps"]), digits=3)
     rows.append(f"| the same, in bare-loop steps of the same pair (machine speed cancels) | {relative} |")
+    alone = describe(Summary(**overhead["lightning_alone_in_bare_steps"]), digits=3)
+    rows.append(f"| Lightning alone (no callbacks, logger, metrics), in bare-loop steps: the floor | {alone} |")
     rows.append(
         f"| bare loop step / fit step, tiny network | {describe(Summary(**overhead['bare_step_us']), 'µs')} / "
         f"{describe(Summary(**overhead['fit_step_us']), 'µs')} |"
