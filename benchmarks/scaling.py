@@ -242,24 +242,31 @@ def ddp_table(work: Path, batches: int) -> list[dict[str, Any]]:
 
 
 def markdown(results: dict[str, Any]) -> str:
-    lines = [
-        "| datamodule | train images | epoch s | peak RSS MB | growth over imports MB | anon / file-mapped MB at end |",
-        "|---|---|---|---|---|---|",
-    ]
-    for r in results["memory"]:
-        memory = f"{r['peak_rss_mb']:.0f} | +{r['growth_mb']:.0f} | {r['anon_mb']:.0f} / {r['file_mb']:.0f}"
-        lines.append(f"| {r['kind']} {r['scale']}x | {r['images']:,} | {r['epoch_s']:.2f} | {memory} |")
-    lines += [
-        "",
-        "| pipeline (224 px JPEG) | images/s to the model, median (range) | vs reference | loader alone |",
-        "|---|---|---|---|",
-    ]
-    for r in results["pipeline"]:
-        model = f"{r['images_per_s']:,.0f} ({r['range'][0]:,.0f}-{r['range'][1]:,.0f})"
-        loader = f"{r['loader_only_images_per_s']:,.0f} ({r['loader_range'][0]:,.0f}-{r['loader_range'][1]:,.0f})"
-        lines.append(f"| {r['pipeline']} | {model} | {r['vs_reference']:.2f}x | {loader} |")
-    lines += ["", "| DDP on this machine | epoch s | images/s |", "|---|---|---|"]
-    lines += [f"| {r['setup']} | {r['epoch_s']:.2f} | {r['images_per_s']:,.0f} |" for r in results["ddp"]]
+    """The tables of the parts measured (this run's or an earlier one's, from the JSON file)."""
+    lines: list[str] = []
+    if "memory" in results:
+        lines += [
+            "| datamodule | train images | epoch s | peak RSS MB | growth over imports MB"
+            " | anon / file-mapped MB at end |",
+            "|---|---|---|---|---|---|",
+        ]
+        for r in results["memory"]:
+            memory = f"{r['peak_rss_mb']:.0f} | +{r['growth_mb']:.0f} | {r['anon_mb']:.0f} / {r['file_mb']:.0f}"
+            lines.append(f"| {r['kind']} {r['scale']}x | {r['images']:,} | {r['epoch_s']:.2f} | {memory} |")
+        lines.append("")
+    if "pipeline" in results:
+        lines += [
+            "| pipeline (224 px JPEG) | images/s to the model, median (range) | vs reference | loader alone |",
+            "|---|---|---|---|",
+        ]
+        for r in results["pipeline"]:
+            model = f"{r['images_per_s']:,.0f} ({r['range'][0]:,.0f}-{r['range'][1]:,.0f})"
+            loader = f"{r['loader_only_images_per_s']:,.0f} ({r['loader_range'][0]:,.0f}-{r['loader_range'][1]:,.0f})"
+            lines.append(f"| {r['pipeline']} | {model} | {r['vs_reference']:.2f}x | {loader} |")
+        lines.append("")
+    if "ddp" in results:
+        lines += ["| DDP on this machine | epoch s | images/s |", "|---|---|---|"]
+        lines += [f"| {r['setup']} | {r['epoch_s']:.2f} | {r['images_per_s']:,.0f} |" for r in results["ddp"]]
     return "\n".join(lines)
 
 

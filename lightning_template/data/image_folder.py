@@ -1,9 +1,10 @@
 """Images in class folders: `root/train/<class>/*.jpg`, `root/val/<class>/...`, optional `root/test/`.
 
 File data is decoded, cropped and flipped per sample in worker processes (`num_workers`,
-`persistent_workers`, `pin_memory`), unlike the in-memory datasets; the workers hand over uint8
-batches (a quarter of float32's bytes), normalized on the model's device as the in-memory ones are. Class ids come from the train folder and
-are reused for val/test, so a class missing from one split cannot shift the labels.
+`persistent_workers`, `pin_memory`), unlike the in-memory datasets. For a GPU the workers hand over
+uint8 batches (a quarter of float32's bytes), normalized on the GPU; on a CPU they normalize each
+image themselves, in parallel with the training step rather than before it. Class ids come from the
+train folder and are reused for val/test, so a class missing from one split cannot shift the labels.
 
 Normalization statistics: ImageNet's by default (right for ImageNet-pretrained
 weights); for a network trained from scratch compute your own with
@@ -13,8 +14,10 @@ weights); for a network trained from scratch compute your own with
 from __future__ import annotations
 
 import argparse
+import functools
 import logging
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
@@ -27,9 +30,9 @@ from torchvision.datasets.folder import IMG_EXTENSIONS
 from torchvision.transforms import v2
 
 from lightning_template.data.folds import check_fold, fold_split
-from lightning_template.data.in_memory import DeviceImageTransforms
+from lightning_template.data.in_memory import DeviceImageTransforms, affine_normalize
+from lightning_template.errors import ConfigError, DataError, MissingFileError
 from lightning_template.resume.sampling import SplitLoaders, make_loader, seeded_sample
-from lightning_template.errors import ConfigError, MissingFileError, DataError
 
 log = logging.getLogger(__name__)
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
@@ -74,9 +77,12 @@ class ClassFolderDataset(ImageFolder):
             raise ConfigError(f"{directory}: class folders {unknown} do not exist in the train split.")
         return self.fixed_classes, {name: i for i, name in enumerate(self.fixed_classes)}
 
+    normalize: Callable[[torch.Tensor], torch.Tensor] | None = None  # uint8 batch -> float, in the workers
+
     def __getitem__(self, index: int | tuple[int, int]) -> tuple[torch.Tensor, int] | None:
         try:
-            return seeded_sample(super().__getitem__, index)  # random crops depend on (seed, epoch, sample)
+            image, label = seeded_sample(super().__getitem__, index)  # random crops depend on (seed, epoch, sample)
+            return (image if self.normalize is None else self.normalize(image[None])[0]), label
         except CorruptImageError as err:
             if self.on_corrupt == "error":
                 raise
@@ -152,8 +158,7 @@ class ImageFolderDataModule(DeviceImageTransforms, SplitLoaders, LightningDataMo
         self.num_folds, self.fold, self.split_seed = num_folds, fold, split_seed
         self.num_workers = num_workers
         self.pin_memory = torch.cuda.is_available() if pin_memory is None else pin_memory
-        self.mean, self.std = tuple(mean), tuple(std)  # applied per batch on the device (DeviceImageTransforms)
-        self.augment, self.crop_size, self.crop_padding, self.horizontal_flip = False, None, 0, False  # done per file
+        self.mean, self.std = tuple(mean), tuple(std)  # DeviceImageTransforms.normalize's
         self.train_transform = v2.Compose(
             [
                 v2.RandomResizedCrop(image_size, scale=(min_crop_scale, 1.0), antialias=True),
@@ -216,10 +221,17 @@ class ImageFolderDataModule(DeviceImageTransforms, SplitLoaders, LightningDataMo
             raise MissingFileError(
                 f"{folder}: no images in it or its class folders (image files end in {', '.join(IMG_EXTENSIONS)})."
             )
+        on_gpu = self.trainer is not None and self.trainer.strategy.root_device.type != "cpu"
+        scale, shift = self._affine(torch.device("cpu"))  # picklable: what a spawned worker receives
+        self.splits[split].normalize = None if on_gpu else functools.partial(affine_normalize, scale=scale, shift=shift)
         return make_loader(
             self.splits[split], self.trainer, shuffle, self.batch_size, collate_skipping_none, self.num_workers,
             self.pin_memory, sample_seeds=True,
         )  # fmt: skip
+
+    def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
+        images, labels = batch
+        return (self.normalize(images) if images.dtype == torch.uint8 else images), labels
 
     def predict_inputs(self, indices: list[int]) -> list[str]:
         return [self.splits["predict"].samples[i][0] for i in indices]
