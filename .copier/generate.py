@@ -29,9 +29,10 @@ import re
 import shutil
 import subprocess
 import sys
-import tomllib
 from collections.abc import Iterable
 from pathlib import Path
+
+import tomllib
 
 PACKAGE = "lightning_template"
 DIST = "lightning-template"
@@ -71,11 +72,13 @@ def marker(line: str) -> tuple[bool, str] | None:
     return (bool(found[1]), found[2]) if found[2] else (bool(found[3]), found[4])
 
 
-def strip_extra_blocks(text: str, removed: set[str]) -> str:
+def strip_extra_blocks(text: str, removed: set[str], markers: bool = True) -> str:
     """The text without the blocks of the removed extras (their marker lines included); the blocks of other
-    extras stay as they are, markers too. Blocks may nest; an unbalanced marker is an error."""
+    extras stay as they are, markers too (`markers=False`: without their marker lines). Blocks may nest; an
+    unbalanced marker is an error. A blank line left next to another by a removal goes too."""
     kept: list[str] = []
     open_blocks: list[str] = []
+    after_removal = False
     for number, line in enumerate(text.splitlines(keepends=True), start=1):
         found = marker(line)
         dropping = any(name in removed for name in open_blocks)
@@ -87,10 +90,16 @@ def strip_extra_blocks(text: str, removed: set[str]) -> str:
                 open_blocks.pop()
             else:
                 open_blocks.append(name)
-            if dropping or name in removed:
+            if dropping or name in removed or not markers:
+                after_removal = True
                 continue
         elif dropping:
+            after_removal = True
             continue
+        blank = not line.strip()
+        if blank and after_removal and (not kept or not kept[-1].strip()):
+            continue
+        after_removal = after_removal and blank
         kept.append(line)
     if open_blocks:
         raise ValueError(f"extra:{open_blocks[-1]} block is never closed")
@@ -99,8 +108,7 @@ def strip_extra_blocks(text: str, removed: set[str]) -> str:
 
 def strip_markers(text: str) -> str:
     """The text without its marker lines (the blocks themselves stay)."""
-    strip_extra_blocks(text, set())  # an unbalanced marker is an error here too
-    return "".join(line for line in text.splitlines(keepends=True) if not marker(line))
+    return strip_extra_blocks(text, set(), markers=False)
 
 
 def markers_in(text: str) -> set[str]:
@@ -224,8 +232,10 @@ def tidy_python(root: Path, files: Iterable[str]) -> None:
     if ruff is None:
         print("generate: ruff is not installed here; run `make format` once in the new project", file=sys.stderr)
         return
-    subprocess.run([*ruff, "check", "--fix", "--select", "I", "--quiet", "--", *python], cwd=root, check=True)
-    subprocess.run([*ruff, "format", "--quiet", "--", *python], cwd=root, check=True)
+    subprocess.run(
+        [*ruff, "check", "--no-cache", "--fix", "--select", "I", "--quiet", "--", *python], cwd=root, check=True
+    )
+    subprocess.run([*ruff, "format", "--no-cache", "--quiet", "--", *python], cwd=root, check=True)
 
 
 def check_package_name(package: str) -> None:
