@@ -289,7 +289,7 @@ def test_update_brings_the_template_change_and_keeps_the_users(
 
     # The template improves: a core module, the Makefile, and an extra this project left out.
     core = repo / "lightning_template/models/simple_cnn.py"
-    core.write_text(core.read_text() + "\nTEMPLATE_CHANGE = 'lightning_template'\n")
+    core.write_text(core.read_text() + '\n\nTEMPLATE_CHANGE = "lightning_template"\n')  # as ruff formats it
     makefile = repo / "Makefile"
     makefile.write_text(makefile.read_text().replace("matrix: install\n", "matrix: install  # template change\n"))
     serving = repo / "lightning_template/serving/api.py"
@@ -306,7 +306,7 @@ def test_update_brings_the_template_change_and_keeps_the_users(
     run_update(project, defaults=True, overwrite=True, unsafe=True, vcs_ref="HEAD", quiet=True)
 
     updated = mine.read_text()
-    assert "TEMPLATE_CHANGE = 'update_demo'" in updated  # the template's change, renamed like the rest
+    assert 'TEMPLATE_CHANGE = "update_demo"' in updated  # the template's change, renamed like the rest
     assert "SimpleCNN (the user's edit): the classic" in updated
     assert "matrix: install  # template change\n" in (project / "Makefile").read_text()
     assert (package / "models/mine.py").is_file()
