@@ -133,6 +133,13 @@ def test_a_package_name_is_refused(name: str) -> None:
         GENERATE.check_package_name(name)
 
 
+@pytest.mark.parametrize("name", ["torch", "Zeta-Vision", "a" * 25])
+def test_copier_asks_again_for_a_refused_package_name(name: str, template: Path, tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="package_name"):
+        make_project(template, tmp_path / "project", {**CORE, "package_name": name})
+    assert not (tmp_path / "project").exists()
+
+
 def actionlint() -> str:
     found = shutil.which("actionlint", path=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
     if found is None:
