@@ -42,6 +42,8 @@ DATA_CONFIGS = {
     "image_folders": "configs/resnet_finetune.yaml",
     "text_files": "configs/transformer_text.yaml",
 }
+# The template's own files, in no project made from it (copier.yml's _exclude names them too).
+TEMPLATE_ONLY = (".ci", ".copier", "copier.yml", "tests/test_copier.py")
 MARKER = re.compile(r"^[ \t]*(?:<!--[ \t]*(/?)extra:([\w-]+)[ \t]*-->|#[ \t]*(/?)extra:([\w-]+))[ \t]*$")
 MARKED_SUFFIXES = {".md", ".yml", ".yaml", ".toml"}
 MARKED_NAMES = {"Makefile"}

@@ -61,15 +61,16 @@ def generator():
 
 
 def project_without(tmp_path: Path, removed: list[str]) -> Path:
-    """A copy of the project's tracked files, less the given extras: their paths, their entries in pyproject.toml
-    and their marked blocks (the generator's rule)."""
+    """A copy of the project's tracked files, less the template's own files and the given extras: their paths,
+    their entries in pyproject.toml and their marked blocks (the generator's rule)."""
     tracked = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True).stdout
     copy = tmp_path / "project"
+    rule = generator()
     for name in tracked.splitlines():
-        if (ROOT / name).is_file():
+        if (ROOT / name).is_file() and not rule.under(name, rule.TEMPLATE_ONLY):
             (copy / name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(ROOT / name, copy / name)
-    generator().remove_extras(copy, removed)
+    rule.remove_extras(copy, removed)
     return copy
 
 
