@@ -8,7 +8,7 @@ ARGS ?=
 export MALLOC_MMAP_THRESHOLD_ ?= 33554432
 export MALLOC_TRIM_THRESHOLD_ ?= 1073741824
 
-.PHONY: install data train test matrix lint format hooks clean transfer text-data
+.PHONY: install data train test matrix lint format hooks docs clean transfer text-data
 # extra:search
 .PHONY: tune seeds
 # /extra:search
@@ -38,7 +38,7 @@ train: $(TRAIN_DATA)
 	$(BIN)/python train.py fit --config $(CONFIG) $(ARGS)
 
 # extra:search
-# Hyperparameter search, the README's command (Experiments); run it again to continue a stopped search.
+# Hyperparameter search, the command of docs/experiments.md; run it again to continue a stopped search.
 TRIALS ?= 12
 tune: data
 	$(BIN)/python tune.py --config $(CONFIG) --search configs/search/$(notdir $(CONFIG)) --trials $(TRIALS) \
@@ -113,10 +113,14 @@ format: install
 hooks: install
 	$(BIN)/pre-commit install
 
-clean:
-	rm -rf logs lightning_logs .pytest_cache
+# The documentation site (docs/, mkdocs.yml) into site/; a broken link or anchor fails the build.
+docs: install
+	$(BIN)/mkdocs build --strict
 
-# Transfer-learning recipe (README): pretrain on classes 0-4, fine-tune on 100 images/class of 5-9, compare to scratch.
+clean:
+	rm -rf logs lightning_logs .pytest_cache site
+
+# Transfer-learning recipe (docs/finetuning.md): pretrain on classes 0-4, fine-tune on 100 images/class of 5-9, compare to scratch.
 # Steps 2 and 3 are the same job; step 2 stacks the two-stage fine-tuning preset on it.
 transfer: data
 	$(BIN)/python train.py fit --config configs/resnet_fmnist_pretrain.yaml

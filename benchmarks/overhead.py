@@ -40,8 +40,9 @@ class BareLoop:
 
     def __init__(self, module: ClassificationModule, datamodule: InMemoryImageDataModule, schedule: dict) -> None:
         twin = type(module)(**{k: v for k, v in module.hparams.items() if not k.startswith("_")})
+        twin.configure_model()  # the same memory format (channels_last) and compilation as the template's run
         self.device = module.device
-        self.net = twin.net.to(self.device).train()
+        self.model = twin.to(self.device).train()  # its forward only lays the batch out as the network expects
         self.loss_fn = twin.loss_fn
         self.optimizer = twin.make_optimizer(twin.parameter_groups("head") + twin.parameter_groups("backbone"))
         self.scheduler = WarmupSchedule(self.optimizer, **schedule)
@@ -57,7 +58,7 @@ class BareLoop:
                 break
             images = self.data.normalize(images.to(self.device, non_blocking=True))
             labels = labels.to(self.device, non_blocking=True)
-            loss = self.loss_fn(self.net(images), labels)
+            loss = self.loss_fn(self.model(images), labels)
             self.optimizer.zero_grad(set_to_none=True)
             loss.backward()
             self.optimizer.step()
@@ -161,6 +162,32 @@ def per_step_overhead(device: torch.device, steps: int, pairs: int, workdir: Pat
         "fit_step_us": [f.steps_s / steps * 1e6 for f in fit],
         "epoch_end_ms": [f.epoch_end_s * 1e3 for f in fit],
     }
+
+
+def lightning_floor(device: torch.device, steps: int, pairs: int) -> list[float]:
+    """What Lightning itself costs per step, in bare-loop steps of the same pair: the tiny job's network and data
+    in a plain Trainer (no callbacks, logger, checkpoints or progress bar) whose training step only returns the
+    loss, paired with the bare loop as `train.py fit` is. The template cannot go below this while on Lightning."""
+    from lightning_template.cli import TemplateCLI
+
+    config = TemplateCLI(args=["--config", str(ROOT / JOB), *TINY], run=False)
+    module_class = type(config.model)
+
+    class LightningOnly(module_class):  # the same network and optimizer, nothing else in the step
+        def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
+            images, labels = batch
+            return self.loss_fn(self(images), labels)
+
+    module = LightningOnly(**{k: v for k, v in config.model.hparams.items() if not k.startswith("_")})
+    timer = PairedEpochs()
+    trainer = Trainer(
+        accelerator="gpu" if device.type == "cuda" else "cpu", devices=1, max_epochs=pairs + 1,
+        limit_train_batches=steps, limit_val_batches=0, num_sanity_val_steps=0, logger=False,
+        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False, callbacks=[timer],
+    )  # fmt: skip
+    trainer.fit(module, datamodule=config.datamodule)
+    fit, bare = timer.fit_epochs()[1:], timer.bare_s[1:]
+    return [(f.steps_s - b) / b for f, b in zip(fit, bare, strict=True)]
 
 
 def end_to_end(device: torch.device, steps: int, pairs: int, workdir: Path) -> dict[str, list[float]]:

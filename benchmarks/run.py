@@ -24,6 +24,7 @@ import shutil
 import tempfile
 import time
 import warnings
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -32,9 +33,9 @@ import torchvision
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from torch.utils.data import DataLoader
 
-from benchmarks.overhead import end_to_end, per_step_overhead, sync
+from benchmarks.overhead import end_to_end, lightning_floor, per_step_overhead, sync
 from benchmarks.stats import Summary, describe, summarize
-from benchmarks.throughput import StepSpec, interleaved_windows, job_model, training_step
+from benchmarks.throughput import StepSpec, interleaved_windows, job_model, time_in_flop_ops, training_step
 from lightning_template.data import FashionMNISTDataModule
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -57,10 +58,12 @@ def bench_overhead(pairs: int, workdir: Path) -> dict[str, Any]:
     """Per-step and per-epoch cost of `train.py fit` over the bare loop, tiny network, 300 steps per epoch."""
     steps = 300
     measured = per_step_overhead(DEVICE, steps, pairs, workdir)
+    floor = lightning_floor(DEVICE, steps, pairs)
     return {
         "steps_per_epoch": steps,
         "overhead_us_per_step": summarize(measured["us_per_step"]).as_dict(1),
         "overhead_in_bare_steps": summarize(measured["in_bare_steps"]).as_dict(4),
+        "lightning_alone_in_bare_steps": summarize(floor).as_dict(4),
         "bare_step_us": summarize(measured["bare_step_us"]).as_dict(1),
         "fit_step_us": summarize(measured["fit_step_us"]).as_dict(1),
         "epoch_end_ms": summarize(measured["epoch_end_ms"]).as_dict(2),
@@ -90,17 +93,23 @@ def bench_throughput(windows: int, seconds: float, compile: bool) -> dict[str, A
     steps = {}
     for name, config in JOBS.items():
         model, batch, shape = job_model(config)
-        variants = [("eager", StepSpec())] + ([("compiled", StepSpec(compile=True))] if compile else [])
+        eager = StepSpec(channels_last=model.hparams.get("channels_last", False))  # the memory format of the job
+        variants = [("eager", eager)] + ([("compiled", replace(eager, compile=True))] if compile else [])
         for variant, spec in variants:
             step, flops = training_step(model, batch, shape, DEVICE, spec)
             steps[f"{name} {variant}"] = (step, flops, batch)
     peak_size = 4096 if DEVICE.type == "cuda" else 2048
     raw = interleaved_windows(steps, DEVICE, windows, seconds, peak_size)
-    return {
+    results = {
         name: {key: summarize(values).as_dict(4) for key, values in series.items()}
         | {"batch": steps[name][2], "train_gflop_per_step": round(steps[name][1] / 1e9, 3)}
         for name, series in raw.items()
     }
+    if DEVICE.type == "cpu":  # the CPU profiler's times are the kernels' own; on a GPU they would be launch times
+        for name, (step, _, _) in steps.items():
+            if name.endswith("eager"):
+                results[name]["time_in_conv_and_matmul"] = round(time_in_flop_ops(step), 4)
+    return results
 
 
 def torchvision_root(source: Path, workdir: Path) -> Path:
@@ -189,7 +198,7 @@ def time_to_accuracy(logs: Path) -> dict[str, Any]:
 
 
 def markdown(results: dict[str, Any]) -> str:
-    """The table README's performance section shows."""
+    """The table docs/benchmarks.md shows."""
     machine = results["machine"]
     run = "quick" if results["quick"] else "full"
     head = (
@@ -202,6 +211,8 @@ def markdown(results: dict[str, Any]) -> str:
     rows.append(f"| `train.py fit` overhead per step (tiny network, batch 8) | {describe(us, 'µs')} |")
     relative = describe(Summary(**overhead["overhead_in_bare_steps"]), digits=3)
     rows.append(f"| the same, in bare-loop steps of the same pair (machine speed cancels) | {relative} |")
+    alone = describe(Summary(**overhead["lightning_alone_in_bare_steps"]), digits=3)
+    rows.append(f"| Lightning alone (no callbacks, logger, metrics), in bare-loop steps: the floor | {alone} |")
     rows.append(
         f"| bare loop step / fit step, tiny network | {describe(Summary(**overhead['bare_step_us']), 'µs')} / "
         f"{describe(Summary(**overhead['fit_step_us']), 'µs')} |"
@@ -224,6 +235,13 @@ def markdown(results: dict[str, Any]) -> str:
         if name.endswith("eager"):
             rows.append(
                 f"| {name}: per-step overhead as a share of its step | {share:.2f} % of {step_us / 1e3:.1f} ms |"
+            )
+        if "time_in_conv_and_matmul" in entry:  # why the fraction of peak is what it is
+            in_flop_ops = entry["time_in_conv_and_matmul"]
+            own = Summary(**entry["fraction_of_peak"]).median / in_flop_ops
+            rows.append(
+                f"| {name}: share of the step in convolutions and matmuls (the only counted FLOPs); their own "
+                f"fraction of peak | {in_flop_ops * 100:.0f} %; {own * 100:.0f} % |"
             )
     loading = results["loading"]
     rows.append(

@@ -185,7 +185,7 @@ def pipeline_table(work: Path, count: int, workers: int, batch_size: int, repeat
     files.setup("fit")
     rows = [
         ("torchvision ImageFolder + transforms (reference)", lambda: reference_loader, lambda b: b),
-        ("template ImageFolderDataModule", files.train_dataloader, lambda b: b),
+        ("template ImageFolderDataModule", files.train_dataloader, lambda b: files.on_after_batch_transfer(b, 0)),
     ]
     for images in ("encoded", "raw"):
         output = work / f"jpeg-{images}"

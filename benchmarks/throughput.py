@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from torch.profiler import ProfilerActivity, profile
 from torch.utils.flop_counter import FlopCounterMode
 
 from benchmarks.overhead import sync
@@ -135,3 +136,19 @@ def interleaved_windows(
             ):
                 out[name].setdefault(key, []).append(value)
     return out
+
+
+# The operations FlopCounterMode counts, as the CPU profiler names their kernels (forward and backward).
+FLOP_OPS = {"aten::mkldnn_convolution", "aten::convolution_backward", "aten::mm", "aten::addmm", "aten::bmm"}
+
+
+def time_in_flop_ops(step: Callable[[], None], steps: int = 5) -> float:
+    """The share of a training step's CPU time spent in convolutions and matmuls, the only operations whose FLOPs
+    count towards the fraction of peak: the rest (normalization, activations, pooling, dropout, the optimizer)
+    moves memory without counted FLOPs, so a step can reach at most this share of the matmul rate's fraction."""
+    with profile(activities=[ProfilerActivity.CPU]) as profiler:
+        for _ in range(steps):
+            step()
+    events = profiler.key_averages()
+    total = sum(event.self_cpu_time_total for event in events)
+    return sum(event.self_cpu_time_total for event in events if event.key in FLOP_OPS) / total

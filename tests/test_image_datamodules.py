@@ -61,7 +61,7 @@ def test_corrupt_file_is_skipped_and_named(image_root: Path, caplog) -> None:
     dm.setup("fit")
     with caplog.at_level(logging.WARNING):
         (images, labels) = next(iter(dm.train_dataloader()))
-    assert images.shape == (18, 3, 32, 32) and images.dtype == torch.float32  # 19 files, one skipped
+    assert images.shape == (18, 3, 32, 32) and images.dtype == torch.uint8  # 19 files, one skipped
     assert sorted(labels.bincount().tolist()) == [6, 6, 6]
     assert "broken.jpg: cannot be decoded as an image" in caplog.text
 
@@ -144,3 +144,21 @@ def test_cifar10_offline_without_files_says_where_to_put_them(tmp_path: Path, mo
     monkeypatch.setattr(torchvision.datasets.CIFAR10, "url", "http://127.0.0.1:9/cifar-10-python.tar.gz")
     with pytest.raises(DatasetNotFoundError, match=r"cifar-10-batches-py/data_batch_1 exists"):
         CIFAR10DataModule(data_dir=str(tmp_path)).prepare_data()
+
+
+def test_workers_do_not_change_the_batches_and_the_device_normalizes(image_root: Path) -> None:
+    """Per-sample seeds make the random crops a function of (seed, epoch, sample): 0 or 2 workers, the same uint8
+    batches; the float the model sees is (x / 255 - mean) / std, applied on the device."""
+    batches = {}
+    for workers in (0, 2):
+        dm = ImageFolderDataModule(root=str(image_root), image_size=24, batch_size=6, num_workers=workers)
+        dm.setup("fit")
+        batches[workers] = list(dm.train_dataloader())
+    assert len(batches[0]) == len(batches[2]) == 4  # 19 files (one corrupt, skipped) in batches of 6
+    for (images, labels), (other, other_labels) in zip(batches[0], batches[2], strict=True):
+        assert images.dtype == torch.uint8 and torch.equal(images, other) and torch.equal(labels, other_labels)
+    images, labels = batches[0][0]
+    normalized, same_labels = dm.on_after_batch_transfer((images, labels), 0)
+    mean, std = torch.tensor(dm.hparams.mean)[:, None, None], torch.tensor(dm.hparams.std)[:, None, None]
+    torch.testing.assert_close(normalized, (images.float() / 255 - mean) / std)
+    assert torch.equal(same_labels, labels)

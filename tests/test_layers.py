@@ -62,7 +62,8 @@ def generator():
 
 def project_without(tmp_path: Path, removed: list[str]) -> Path:
     """A copy of the project's tracked files, less the template's own files and the given extras: their paths,
-    their entries in pyproject.toml and their marked blocks (the generator's rule)."""
+    their entries in pyproject.toml and their marked blocks (the generator's rule; README.md, mkdocs.yml, docs/
+    too)."""
     tracked = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True).stdout
     copy = tmp_path / "project"
     rule = generator()

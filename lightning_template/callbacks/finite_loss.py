@@ -1,7 +1,7 @@
 """Stops training at the first NaN or infinite loss or gradient, before it reaches the weights.
 
-The checks run before the backward pass (the loss) and before the optimizer step (the
-gradients), so the step that would have written NaN into the weights never happens, and
+The loss of each micro-batch and the gradients are checked before the optimizer step, with
+one host sync per step, so the step that would have written NaN into the weights never happens, and
 `ResumeCheckpoint` writes no checkpoint for a run stopped this way: `last.ckpt` stays the
 last good one. With fp16 loss scaling an infinite gradient is expected now and then: the
 scaler skips that step itself, so only a loss that stays non-finite stops the run.
@@ -45,10 +45,14 @@ class FiniteLossGuard(Callback):
         """
         self.scaled_patience = scaled_patience
         self.non_finite_in_a_row = 0
+        self.losses: list[torch.Tensor] = []  # of the micro-batches since the last optimizer step
 
     def on_before_backward(self, trainer: Trainer, pl_module: LightningModule, loss: torch.Tensor) -> None:
-        # One host sync per micro-batch: cheap next to a training step. Under DDP every rank stops
-        # together (a rank that stopped alone would leave the others waiting in the all-reduce).
+        if _grad_scaler(trainer) is None:
+            self.losses.append(loss.detach())  # read with the gradients: one host sync per optimizer step
+            return
+        # Under fp16 loss scaling a non-finite loss is a step the scaler skips: counted per micro-batch. Under DDP
+        # every rank stops together (a rank that stopped alone would leave the others waiting in the all-reduce).
         finite = bool(torch.isfinite(loss).item())
         if trainer.world_size > 1:
             finite = trainer.strategy.reduce_boolean_decision(finite, all=True)
@@ -56,15 +60,26 @@ class FiniteLossGuard(Callback):
             self.non_finite_in_a_row = 0
             return
         self.non_finite_in_a_row += 1
-        if _grad_scaler(trainer) is None or self.non_finite_in_a_row >= self.scaled_patience:
+        if self.non_finite_in_a_row >= self.scaled_patience:
             self._stop(trainer, f"Loss became {loss.item()}")
 
     def on_before_optimizer_step(self, trainer: Trainer, pl_module: LightningModule, optimizer: Any) -> None:
         if _grad_scaler(trainer) is not None:
             return  # the scaler has checked the gradients and skips the step itself
+        losses, self.losses = self.losses, []
         grads = [p.grad for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
-        if grads and not torch.isfinite(torch.stack(torch._foreach_norm(grads))).all().item():
-            self._stop(trainer, "A gradient became non-finite (the loss was finite)")
+        checks = [torch.stack(losses).isfinite().all()] if losses else []
+        if grads:
+            checks.append(torch.stack(torch._foreach_norm(grads)).isfinite().all())
+        finite = not checks or bool(torch.stack(checks).all().item())
+        if trainer.world_size > 1:  # every rank stops together, also when only one rank's loss is non-finite
+            finite = trainer.strategy.reduce_boolean_decision(finite, all=True)
+        if finite:
+            return
+        for loss in losses:
+            if not loss.isfinite():
+                self._stop(trainer, f"Loss became {loss.item()}")
+        self._stop(trainer, "A gradient became non-finite (the loss was finite)")
 
     @staticmethod
     def _stop(trainer: Trainer, what: str) -> None:

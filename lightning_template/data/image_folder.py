@@ -1,7 +1,8 @@
 """Images in class folders: `root/train/<class>/*.jpg`, `root/val/<class>/...`, optional `root/test/`.
 
-File data is decoded per sample in worker processes (`num_workers`, `persistent_workers`,
-`pin_memory`), unlike the in-memory datasets. Class ids come from the train folder and
+File data is decoded, cropped and flipped per sample in worker processes (`num_workers`,
+`persistent_workers`, `pin_memory`), unlike the in-memory datasets; the workers hand over uint8
+batches (a quarter of float32's bytes), normalized on the model's device as the in-memory ones are. Class ids come from the train folder and
 are reused for val/test, so a class missing from one split cannot shift the labels.
 
 Normalization statistics: ImageNet's by default (right for ImageNet-pretrained
@@ -26,6 +27,7 @@ from torchvision.datasets.folder import IMG_EXTENSIONS
 from torchvision.transforms import v2
 
 from lightning_template.data.folds import check_fold, fold_split
+from lightning_template.data.in_memory import DeviceImageTransforms
 from lightning_template.resume.sampling import SplitLoaders, make_loader, seeded_sample
 from lightning_template.errors import ConfigError, MissingFileError, DataError
 
@@ -103,7 +105,7 @@ def collate_skipping_none(batch: list[Any]) -> Any:
     return default_collate([sample for sample in batch if sample is not None])
 
 
-class ImageFolderDataModule(SplitLoaders, LightningDataModule):
+class ImageFolderDataModule(DeviceImageTransforms, SplitLoaders, LightningDataModule):
     def __init__(
         self,
         root: str = "data/images",
@@ -150,17 +152,18 @@ class ImageFolderDataModule(SplitLoaders, LightningDataModule):
         self.num_folds, self.fold, self.split_seed = num_folds, fold, split_seed
         self.num_workers = num_workers
         self.pin_memory = torch.cuda.is_available() if pin_memory is None else pin_memory
-        normalize = [v2.ToImage(), v2.ToDtype(torch.float32, scale=True), v2.Normalize(list(mean), list(std))]
+        self.mean, self.std = tuple(mean), tuple(std)  # applied per batch on the device (DeviceImageTransforms)
+        self.augment, self.crop_size, self.crop_padding, self.horizontal_flip = False, None, 0, False  # done per file
         self.train_transform = v2.Compose(
             [
                 v2.RandomResizedCrop(image_size, scale=(min_crop_scale, 1.0), antialias=True),
                 v2.RandomHorizontalFlip(),
-                *normalize,
+                v2.PILToTensor(),
             ]
         )
         self.resize_size = resize_size or round(image_size / 0.875)
         self.eval_transform = v2.Compose(
-            [v2.Resize(self.resize_size, antialias=True), v2.CenterCrop(image_size), *normalize]
+            [v2.Resize(self.resize_size, antialias=True), v2.CenterCrop(image_size), v2.PILToTensor()]
         )
         self.input_shape = (3, image_size, image_size)
         self.splits: dict[str, ClassFolderDataset] = {}

@@ -14,7 +14,7 @@ from typing import Any, TypeVar
 import torch
 from lightning import Trainer
 from lightning.pytorch.trainer.states import TrainerFn
-from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler
+from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler, get_worker_info
 
 T = TypeVar("T")
 
@@ -44,7 +44,10 @@ def seeded_sample(get_item: Callable[[int], T], index: int | tuple[int, int]) ->
     if not isinstance(index, tuple):
         return get_item(index)
     sample, seed = index
-    with torch.random.fork_rng(devices=[]):
+    if get_worker_info() is not None:  # a worker process: its generator serves these samples alone
+        torch.default_generator.manual_seed(seed)
+        return get_item(sample)
+    with torch.random.fork_rng(devices=[]):  # the main process (num_workers=0): training's own stream is kept
         # The CPU generator only (what fork_rng restores): torch.manual_seed would also reseed CUDA's, and costs
         # a stack trace per sample while CUDA is not initialized (every DataLoader worker).
         torch.default_generator.manual_seed(seed)

@@ -118,7 +118,7 @@ def read_metadata(location: str, storage_options: dict[str, Any] | None = None) 
             " convert.py again with the same --output."
             if started
             else f"{root}: no converted dataset here. Write one with `python convert.py --job <config> --output {root}`"
-            " (README: Streaming datasets), or set --data.input_dir."
+            " (docs/streaming.md), or set --data.input_dir."
         )
     metadata = json.loads((root / METADATA_FILE).read_text())
     check_format(metadata, str(root / METADATA_FILE))

@@ -1,23 +1,17 @@
-"""The benchmarks' statistics, the GPU script as far as a CPU can run it, and the per-step costs they found."""
+"""The benchmarks' statistics, and the GPU script as far as a CPU can run it."""
 
 from __future__ import annotations
 
 import json
 import math
 import os
-import statistics
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
-import torch
 
 from benchmarks.stats import median_ci_ranks, summarize
-from lightning_template.data import FashionMNISTDataModule
-from lightning_template.models import SimpleCNN
-from lightning_template.resume.exact_resume import seed_all
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -41,52 +35,6 @@ def test_summary_of_known_values() -> None:
     assert (summary.median, summary.q1, summary.q3) == (10.5, 5.75, 15.25)
     assert (summary.ci_low, summary.ci_high, summary.n) == (6.0, 15.0, 20)  # x(6)..x(15), the textbook interval
     assert summary.relative_ci() == pytest.approx(4.5 / 10.5)
-
-
-def test_seeding_per_batch_sets_torch_manual_seed_states_in_microseconds() -> None:
-    seed_all(1234)
-    ours = torch.rand(4), torch.randn(2)
-    torch.manual_seed(1234)
-    assert torch.equal(ours[0], torch.rand(4)) and torch.equal(ours[1], torch.randn(2))
-    # ExactResume seeds every training batch. torch.manual_seed costs ~2 ms per call on this kind of CPU while
-    # CUDA is not initialized (it formats a stack trace for deferred CUDA seeding): 2 ms per step of overhead.
-    timings = []
-    for _ in range(50):
-        start = time.perf_counter()
-        seed_all(1234)
-        timings.append(time.perf_counter() - start)
-    assert statistics.median(timings) < 100e-6  # about 10 µs; torch.manual_seed: 550 µs here, 2 ms in a fit
-
-
-def test_a_training_step_logs_once_and_train_acc_is_the_epoch_accuracy(
-    quick_trainer, fashion_mnist_dir, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Each `self.log` costs about 1 ms on this kind of CPU (more for a metric object): one per step, train_acc
-    once per epoch, and still the accuracy over every training sample of the epoch."""
-    calls: list[str] = []
-    log = SimpleCNN.log
-    monkeypatch.setattr(
-        SimpleCNN, "log", lambda self, name, *args, **kwargs: calls.append(name) or log(self, name, *args, **kwargs)
-    )
-    model = SimpleCNN(channels=(4, 8), hidden=16, dropout=0.0)
-    correct, seen = [], []
-
-    def record(module, inputs, logits):  # the logits the step's loss and metric see
-        correct.append(int((logits.argmax(1) == record.targets).sum()))
-        seen.append(len(logits))
-
-    original_step = model.training_step
-
-    def step(batch, batch_idx):
-        record.targets = batch[1]
-        return original_step(batch, batch_idx)
-
-    model.training_step = step
-    model.net.register_forward_hook(record)
-    trainer = quick_trainer(limit_train_batches=5, limit_val_batches=0)
-    trainer.fit(model, datamodule=FashionMNISTDataModule(batch_size=16))
-    assert calls.count("train_loss") == 5 and calls.count("train_acc") == 1
-    assert float(trainer.callback_metrics["train_acc"]) == pytest.approx(sum(correct) / sum(seen), abs=1e-6)
 
 
 def test_gpu_script_without_cuda_says_so_and_measures_nothing(tmp_path: Path) -> None:

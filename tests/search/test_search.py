@@ -308,9 +308,9 @@ def test_multirun_rerun_with_other_flags_is_refused_naming_them(tmp_path, monkey
     assert "seed_42: done before" in capsys.readouterr().out
 
 
-def test_make_tune_runs_the_readmes_command():
-    readme = (ROOT / "README.md").read_text()
-    documented = re.search(r"python tune\.py (.*?)# or: make tune", readme, re.S)
+def test_make_tune_runs_the_documented_command():
+    page = (ROOT / "docs/experiments.md").read_text()
+    documented = re.search(r"python tune\.py (.*?)# or: make tune", page, re.S)
     make = ["make", "-n", "-s", "tune", "CONFIG=configs/simple_cnn.yaml"]  # the documented job, whatever the default
     made = subprocess.run(make, cwd=ROOT, capture_output=True, text=True, check=True).stdout
     command = made[made.index("tune.py ") :].split("\n\n")[0]

@@ -224,7 +224,7 @@ print("torch imported:", "torch" in sys.modules)
 
 @pytest.mark.parametrize("size", [(28, 28), (40, 30), (200, 64)])
 def test_image_folder_preprocessing_is_the_evaluation_transform(size: tuple[int, int], tmp_path: Path) -> None:
-    """serve.py's numpy/PIL resize, crop and normalization equal torchvision's eval transform of the datamodule."""
+    """serve.py's numpy/PIL resize, crop and normalization equal the datamodule's evaluation path."""
     (tmp_path / "train/a").mkdir(parents=True)
     datamodule = ImageFolderDataModule(root=str(tmp_path), image_size=24)
     generator = torch.Generator().manual_seed(0)
@@ -232,7 +232,8 @@ def test_image_folder_preprocessing_is_the_evaluation_transform(size: tuple[int,
     buffer = io.BytesIO()
     Image.fromarray(pixels).save(buffer, format="PNG")
     served = ImagePreprocessor(datamodule.serving_spec()).decode(buffer.getvalue(), 0)
-    expected = datamodule.eval_transform(Image.open(io.BytesIO(buffer.getvalue())).convert("RGB"))
+    pixels_in = datamodule.eval_transform(Image.open(io.BytesIO(buffer.getvalue())).convert("RGB"))
+    expected = datamodule.normalize(pixels_in[None])[0]  # the workers' uint8 crop, normalized on the device
     assert served.shape == tuple(expected.shape) == (3, 24, 24)
     assert (torch.from_numpy(served) - expected).abs().max().item() < 1e-5
 
