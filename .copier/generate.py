@@ -174,8 +174,13 @@ def remove_extras(root: Path, removed: Iterable[str], files: Iterable[str] | Non
             if name == "pyproject.toml":
                 stripped = drop_manifest_entries(stripped, removed)
             if stripped != text:
-                path.write_text(stripped)
+                path.write_text(one_last_newline(stripped))
     return left
+
+
+def one_last_newline(text: str) -> str:
+    """A block dropped at the end of a file leaves no blank last line."""
+    return text.rstrip("\n") + "\n"
 
 
 def set_default_config(makefile: Path, config: str) -> None:
@@ -198,7 +203,7 @@ def finish_text(root: Path, files: Iterable[str], package: str, slug: str) -> No
             continue  # not text
         new = strip_markers(text) if is_marked_kind(name) else text
         if new != text:
-            new = new.rstrip("\n") + "\n"  # a block dropped at the end leaves no blank last line
+            new = one_last_newline(new)
         new = new.replace(PACKAGE, package).replace(DIST, slug)
         if new != text:
             path.write_text(new)

@@ -170,6 +170,7 @@ def check_project(project: Path, case: str) -> None:
         if text is not None:
             assert not re.search("lightning[_-]template", text), f"{name} names the template's package"
             assert not GENERATE.markers_in(text), f"{name} has extra markers left"
+            assert not text or (text.endswith("\n") and not text.endswith("\n\n")), f"{name}: not one last newline"
     for paths, present in [(EXTRAS[e], False) for e in removed] + [(EXTRAS[e], True) for e in kept]:
         for path in paths:
             assert (project / path.replace("lightning_template", package)).exists() is present, path
