@@ -9,7 +9,7 @@ It touches only the files the template has (a project's own files, its .venv, da
 1. removes the extras that were left out: their paths in pyproject.toml's [tool.lightning_template.extras] (what
    an extra is, stated once), their entries in that table, and their marked blocks in Markdown, Makefile, YAML
    and TOML files: lines from `# extra:NAME` (`<!-- extra:NAME -->`) to `# /extra:NAME` (`<!-- /extra:NAME -->`);
-   the marker lines of the extras that stay go too, so a generated project has none;
+   the markers of the extras kept remain, so the project's own tests can still drop them (tests/test_docs.py);
 2. points the Makefile's `CONFIG ?=` (what `make train` runs) at the chosen data's job;
 3. renames the package: `lightning_template` -> NAME in every file and path, `lightning-template` -> the slug,
    then sorts imports and formats the Python files with ruff (a name of another length or alphabetical place
@@ -74,10 +74,10 @@ def marker(line: str) -> tuple[bool, str] | None:
     return (bool(found[1]), found[2]) if found[2] else (bool(found[3]), found[4])
 
 
-def strip_extra_blocks(text: str, removed: set[str], markers: bool = True) -> str:
+def strip_extra_blocks(text: str, removed: set[str]) -> str:
     """The text without the blocks of the removed extras (their marker lines included); the blocks of other
-    extras stay as they are, markers too (`markers=False`: without their marker lines). Blocks may nest; an
-    unbalanced marker is an error. A blank line left next to another by a removal goes too."""
+    extras stay as they are, markers too. Blocks may nest; an unbalanced marker is an error. A blank line left
+    next to another by a removal goes too."""
     kept: list[str] = []
     open_blocks: list[str] = []
     after_removal = False
@@ -92,7 +92,7 @@ def strip_extra_blocks(text: str, removed: set[str], markers: bool = True) -> st
                 open_blocks.pop()
             else:
                 open_blocks.append(name)
-            if dropping or name in removed or not markers:
+            if dropping or name in removed:
                 after_removal = True
                 continue
         elif dropping:
@@ -106,11 +106,6 @@ def strip_extra_blocks(text: str, removed: set[str], markers: bool = True) -> st
     if open_blocks:
         raise ValueError(f"extra:{open_blocks[-1]} block is never closed")
     return "".join(kept)
-
-
-def strip_markers(text: str) -> str:
-    """The text without its marker lines (the blocks themselves stay)."""
-    return strip_extra_blocks(text, set(), markers=False)
 
 
 def markers_in(text: str) -> set[str]:
@@ -192,7 +187,7 @@ def set_default_config(makefile: Path, config: str) -> None:
 
 
 def finish_text(root: Path, files: Iterable[str], package: str, slug: str) -> None:
-    """Drop the marker lines of the extras that stay, and rename the package and distribution in the text."""
+    """Rename the package and the distribution in the text."""
     for name in files:
         path = root / name
         if not path.is_file():
@@ -201,10 +196,7 @@ def finish_text(root: Path, files: Iterable[str], package: str, slug: str) -> No
             text = path.read_text()
         except UnicodeDecodeError:
             continue  # not text
-        new = strip_markers(text) if is_marked_kind(name) else text
-        if new != text:
-            new = one_last_newline(new)
-        new = new.replace(PACKAGE, package).replace(DIST, slug)
+        new = text.replace(PACKAGE, package).replace(DIST, slug)
         if new != text:
             path.write_text(new)
 
