@@ -8,7 +8,16 @@ ARGS ?=
 export MALLOC_MMAP_THRESHOLD_ ?= 33554432
 export MALLOC_TRIM_THRESHOLD_ ?= 1073741824
 
-.PHONY: install data train test matrix bench bench-main bench-quick bench-gpu bench-scale bench-serve serve lint format clean transfer text-data tune seeds docs
+.PHONY: install data train test matrix lint format hooks docs clean transfer text-data
+# extra:search
+.PHONY: tune seeds
+# /extra:search
+# extra:serving
+.PHONY: serve
+# /extra:serving
+# extra:benchmarks
+.PHONY: bench bench-main bench-quick bench-gpu bench-scale bench-serve
+# /extra:benchmarks
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -22,9 +31,13 @@ install: $(VENV)/.installed
 data: install
 	$(BIN)/python -c "from lightning_template.data import FashionMNISTDataModule as D; D().prepare_data()"
 
-train: data
+# What `make train` prepares first: the fortunes for the text job, nothing for your own image folders
+# (configs/resnet_finetune.yaml reads data/images/), Fashion-MNIST otherwise.
+TRAIN_DATA ?= $(if $(findstring transformer_text,$(CONFIG)),text-data,$(if $(findstring resnet_finetune,$(CONFIG)),install,data))
+train: $(TRAIN_DATA)
 	$(BIN)/python train.py fit --config $(CONFIG) $(ARGS)
 
+# extra:search
 # Hyperparameter search, the command of docs/experiments.md; run it again to continue a stopped search.
 TRIALS ?= 12
 tune: data
@@ -34,6 +47,7 @@ tune: data
 # The job over 3 seeds, mean ± std of its validation and test metrics.
 seeds: data
 	$(BIN)/python multirun.py --config $(CONFIG) --seeds 42 7 123 $(ARGS)
+# /extra:search
 
 test: install
 	$(BIN)/python -m pytest
@@ -46,6 +60,7 @@ test-%: install
 matrix: install
 	$(BIN)/python -m pytest tests/test_resume.py -m matrix -s -q
 
+# extra:benchmarks
 # Framework overhead, end-to-end ratio, throughput and fraction of peak, loading: medians over
 # interleaved repeats (about 8 minutes on 2 CPU cores; bench-quick: the same table in under 3).
 bench: data
@@ -68,16 +83,21 @@ bench-gpu: data
 bench-scale: data
 	$(BIN)/python -m benchmarks.scaling
 
+# extra:serving
 # Requests/s and latency of serve.py (torch and ONNX) at 1, 8, 32 clients, next to train.py predict.
 bench-serve: data text-data
 	$(BIN)/python -m benchmarks.serving
+# /extra:serving
+# /extra:benchmarks
 
+# extra:serving
 # HTTP API for a checkpoint: make serve CKPT=logs/simple_cnn/version_0/checkpoints/last.ckpt
 # (default: the newest last.ckpt of $(CONFIG)'s runs)
 CKPT ?= $(shell ls -t logs/$(basename $(notdir $(CONFIG)))/version_*/checkpoints/last.ckpt 2>/dev/null | head -1)
 serve: install
 	@test -n "$(CKPT)" || { echo "No checkpoint of $(CONFIG) in logs/: make train first, or make serve CKPT=<path>"; exit 1; }
 	$(BIN)/python serve.py --ckpt_path $(CKPT) $(ARGS)
+# /extra:serving
 
 lint: install
 	$(BIN)/ruff check .
@@ -87,6 +107,11 @@ lint: install
 format: install
 	$(BIN)/ruff check --fix .
 	$(BIN)/ruff format .
+
+# The checks of .pre-commit-config.yaml (ruff, end of files, large files) before each commit. Its hooks run the
+# tools of this venv: commit with it active (`. .venv/bin/activate`), or run `make lint` before.
+hooks: install
+	$(BIN)/pre-commit install
 
 # The documentation site (docs/, mkdocs.yml) into site/; a broken link or anchor fails the build.
 docs: install

@@ -267,7 +267,8 @@ def main(argv: list[str] | None = None) -> None:
         config.storage_options,
     )  # fmt: skip
     kind = "Text" if isinstance(config.data, TextClassificationDataModule) else "Image"
-    print(f"Train on it with --data lightning_template.data.Streaming{kind}DataModule --data.input_dir {config.output}")
+    data = f"lightning_template.data.Streaming{kind}DataModule"
+    print(f"Train on it with --data {data} --data.input_dir {config.output}")
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """The Lightning CLI of the template, run by `python train.py fit|validate|test|predict --config configs/<job>.yaml`.
 
-Every LightningModule in `lightning_template/models/` and LightningDataModule in `lightning_template/data/` can be
-chosen by class name (`--model SimpleCNN --data FashionMNISTDataModule`); every
+Every LightningModule in `lightning_template/models/` and LightningDataModule in `lightning_template/data/`
+can be chosen by class name (`--model SimpleCNN --data FashionMNISTDataModule`); every
 argument of their `__init__` becomes a flag, documented by `--help`.
 
 `configs/defaults.yaml` is read first, by every command: the logger, the best-epoch

@@ -201,7 +201,8 @@ def test_every_datamodule_meets_the_contract(image_tree: Path, fortunes_dir: Pat
         "ImageFolderDataModule": ImageFolderDataModule(root=str(image_tree)),
         "TextClassificationDataModule": text,
     }
-    assert set(lightning_template.data.__all__) - {"InMemoryImageDataModule"} == set(built)  # the abstract base aside
+    # the abstract base aside
+    assert set(lightning_template.data.__all__) - {"InMemoryImageDataModule"} == set(built)
     assert_contract(built)
 
 

@@ -1,12 +1,14 @@
 """The core stands alone: it runs with every extra unimportable, and removing extras leaves a working project.
 
-What an extra is (its paths) is stated once, in pyproject.toml's [tool.lightning_template.extras].
+What an extra is (its paths) is stated once, in pyproject.toml's [tool.lightning_template.extras]; the rule that
+removes one (its paths, its entries, its marked blocks) is the template's generator's, .copier/generate.py, which
+makes new projects with copier.yml (tests/test_copier.py).
 """
 
 from __future__ import annotations
 
+import importlib.util
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -16,7 +18,8 @@ import pytest
 import tomllib
 
 from tests.conftest import QUICK, ROOT
-from tests.test_docs import doc_paths, strip_extra_blocks
+
+GENERATOR = ROOT / ".copier" / "generate.py"  # the template's, not in a project made from it
 
 EXTRAS: dict[str, list[str]] = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["lightning_template"][
     "extras"
@@ -47,21 +50,28 @@ def test_every_path_of_an_extra_exists() -> None:
             assert (ROOT / path).exists(), f"[tool.lightning_template.extras] {name}: {path} does not exist"
 
 
+def generator():
+    """.copier/generate.py as a module (a plain script, outside the package)."""
+    if not GENERATOR.is_file():
+        pytest.skip("removing extras is the template's test: a project made from it has no .copier/generate.py")
+    spec = importlib.util.spec_from_file_location("copier_generate", GENERATOR)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def project_without(tmp_path: Path, removed: list[str]) -> Path:
-    """A copy of the project's tracked files, less the given extras' paths, their entries in pyproject.toml and
-    their blocks in the documentation (README.md, mkdocs.yml, docs/)."""
+    """A copy of the project's tracked files, less the template's own files and the given extras: their paths,
+    their entries in pyproject.toml and their marked blocks (the generator's rule; README.md, mkdocs.yml, docs/
+    too)."""
     tracked = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True).stdout
-    gone = [path for name in removed for path in EXTRAS[name]]
     copy = tmp_path / "project"
+    rule = generator()
     for name in tracked.splitlines():
-        if (ROOT / name).is_file() and not any(name == p or name.startswith(p.rstrip("/") + "/") for p in gone):
+        if (ROOT / name).is_file() and not rule.under(name, rule.TEMPLATE_ONLY):
             (copy / name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(ROOT / name, copy / name)
-    pyproject = copy / "pyproject.toml"
-    for name in removed:
-        pyproject.write_text(re.sub(rf"^{name} = \[.*?\]\n", "", pyproject.read_text(), flags=re.M | re.S))
-    for path in doc_paths(copy):
-        path.write_text(strip_extra_blocks(path.read_text(), set(removed)))
+    rule.remove_extras(copy, removed)
     return copy
 
 

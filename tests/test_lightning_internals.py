@@ -28,7 +28,8 @@ def test_every_private_lightning_attribute_still_exists(owner_name: str, path: s
     except AttributeError:
         pytest.fail(
             f"Lightning {lightning.__version__} has no `{owner_name}.{path}`, which"
-            " lightning_template/lightning_internals.py uses: find where this release moved it and update that file"
+            " lightning_template/lightning_internals.py uses: find where this release moved it and update"
+            " that file"
             " (or pin the Lightning version in pyproject.toml)."
         )
 

@@ -1,7 +1,8 @@
 """The training logic every classifier shares: loss, metrics, logging, optimizer, schedule, weights.
 
-A model is a `ClassificationModule` given a network with the seam of `lightning_template.models.seam.ClassifierNet`
-(a plain `nn.Module`, so it can be exported, compiled or reused without Lightning):
+A model is a `ClassificationModule` given a network with the seam of
+`lightning_template.models.seam.ClassifierNet` (a plain `nn.Module`, so it can be exported, compiled or reused
+without Lightning):
 
     class SimpleCNN(ClassificationModule):
         def __init__(self, num_classes: int = 10, ..., **kwargs):

@@ -62,7 +62,8 @@ def read_state_dict(path: Path) -> dict[str, torch.Tensor]:
 
 
 def load_pretrained(net: nn.Module, state: dict[str, torch.Tensor], source: str) -> None:
-    """Load everything but the classifier of `net` (see `lightning_template.models.seam.ClassifierNet`), strictly."""
+    """Load everything but the classifier of `net` (see `lightning_template.models.seam.ClassifierNet`),
+    strictly."""
     classifier = {f"{net.classifier_name}.{k}" for k in net.get_classifier().state_dict()}
     first_conv = f"{net.first_conv}.weight"
     expected = {k: v for k, v in net.state_dict().items() if k not in classifier}

@@ -3,7 +3,8 @@
 The network keeps torchvision's layer names (`conv1`, `bn1`, `layer1`..`layer4`, `fc`), so
 torchvision's weight files load as they are. `--model.weights` takes a torchvision weights
 name (`DEFAULT`, `IMAGENET1K_V1`; downloaded, needs a network) or a local file: torchvision's
-`.pth` (e.g. `resnet18-f37072fd.pth`) or a checkpoint of an earlier run (see `lightning_template.models.pretrained`).
+`.pth` (e.g. `resnet18-f37072fd.pth`) or a checkpoint of an earlier run (see
+`lightning_template.models.pretrained`).
 `lightning_template.callbacks.TwoStageFinetuning` then trains the new `fc` on the frozen rest, and unfreezes it.
 """
 

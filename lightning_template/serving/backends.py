@@ -48,7 +48,8 @@ class TorchBackend:
         if self.spec is None:
             raise ConfigError(
                 f"{ckpt_path} has no input spec ('{SPEC_KEY}'); it was written before serving existed or outside"
-                " train.py. Retrain with train.py, or add lightning_template.callbacks.CheckpointFacts to the Trainer."
+                " train.py. Retrain with train.py, or add lightning_template.callbacks.CheckpointFacts to the"
+                " Trainer."
             )
         hparams = dict(checkpoint.get("hyper_parameters", {}))
         class_path = str(hparams.pop("_class_path", ""))

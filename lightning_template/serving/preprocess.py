@@ -1,8 +1,8 @@
 """Request inputs -> model inputs, from the checkpoint's input spec, with numpy and PIL only.
 
 The spec is written into every checkpoint at training time by the datamodule that trained
-it (`serving_spec()`, saved by `lightning_template.callbacks.CheckpointFacts`) and next to an exported ONNX file as
-`serving.json`. It states what the evaluation pipeline did (size, resize/crop, normalization,
+it (`serving_spec()`, saved by `lightning_template.callbacks.CheckpointFacts`) and next to an exported
+ONNX file as `serving.json`. It states what the evaluation pipeline did (size, resize/crop, normalization,
 the tokenizer's vocabulary and rules), so a served model sees its inputs exactly as `predict`
 did, without the training data and without torch: the ONNX backend never imports it.
 

@@ -254,7 +254,8 @@ def test_a_thin_image_is_refused_from_its_header_before_any_resize(size: tuple[i
 
 @pytest.mark.slow
 def test_a_checkpoint_cannot_make_the_server_import_a_module(image_model: dict, tmp_path: Path, monkeypatch) -> None:
-    """The model class is checked against lightning_template.models; the optimizer's class path is never imported."""
+    """The model class is checked against lightning_template.models; the optimizer's class path is never
+    imported."""
     (tmp_path / "planted.py").write_text(f"open({str(tmp_path / 'imported')!r}, 'w').close()\nclass Optimizer: ...\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.delitem(sys.modules, "planted", raising=False)

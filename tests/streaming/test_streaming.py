@@ -106,7 +106,8 @@ def test_text_round_trip(tmp_path: Path, fortunes_dir: Path) -> None:
 
 @pytest.mark.slow
 def test_fit_and_predict_from_chunks_through_the_cli(tmp_path: Path, fashion_stream: Path) -> None:
-    data = ["--data", "lightning_template.streaming.StreamingImageDataModule", f"--data.input_dir={fashion_stream}"]
+    data = ["--data", "lightning_template.streaming.StreamingImageDataModule"]
+    data += [f"--data.input_dir={fashion_stream}"]
     job = str(ROOT / "configs/simple_cnn_classic.yaml")
     args = ["--config", job, *data, "--data.augment=true", "--data.batch_size=32"]
     fit = run_cli("fit", *args, *QUICK, "--trainer.max_epochs=2", cwd=tmp_path)
