@@ -34,6 +34,9 @@ from pathlib import Path
 
 import tomllib
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the template's root: its tests/ helpers
+from tests.extra_markers import strip_extra_blocks
+
 PACKAGE = "lightning_template"
 DIST = "lightning-template"
 # The data a project starts with -> the job `make train` runs (CONFIG ?= in the Makefile).
@@ -44,7 +47,6 @@ DATA_CONFIGS = {
 }
 # The template's own files, in no project made from it (copier.yml's _exclude names them too).
 TEMPLATE_ONLY = (".ci", ".copier", "copier.yml", "tests/test_copier.py")
-MARKER = re.compile(r"^[ \t]*(?:<!--[ \t]*(/?)extra:([\w-]+)[ \t]*-->|#[ \t]*(/?)extra:([\w-]+))[ \t]*$")
 MARKED_SUFFIXES = {".md", ".yml", ".yaml", ".toml"}
 MARKED_NAMES = {"Makefile"}
 # Never a package name: the libraries the project imports, its own top-level folders and scripts.
@@ -64,53 +66,6 @@ def is_marked_kind(path: str | Path) -> bool:
     """Whether a file may hold extra markers: Markdown, Makefile, YAML, TOML (never Python)."""
     path = Path(path)
     return path.suffix in MARKED_SUFFIXES or path.name in MARKED_NAMES
-
-
-def marker(line: str) -> tuple[bool, str] | None:
-    """(closing, extra name) of a marker line, or None."""
-    found = MARKER.match(line.rstrip("\r\n"))
-    if not found:
-        return None
-    return (bool(found[1]), found[2]) if found[2] else (bool(found[3]), found[4])
-
-
-def strip_extra_blocks(text: str, removed: set[str]) -> str:
-    """The text without the blocks of the removed extras (their marker lines included); the blocks of other
-    extras stay as they are, markers too. Blocks may nest; an unbalanced marker is an error. A blank line left
-    next to another by a removal goes too."""
-    kept: list[str] = []
-    open_blocks: list[str] = []
-    after_removal = False
-    for number, line in enumerate(text.splitlines(keepends=True), start=1):
-        found = marker(line)
-        dropping = any(name in removed for name in open_blocks)
-        if found:
-            closing, name = found
-            if closing:
-                if not open_blocks or open_blocks[-1] != name:
-                    raise ValueError(f"line {number}: /extra:{name} closes no open extra:{name} block")
-                open_blocks.pop()
-            else:
-                open_blocks.append(name)
-            if dropping or name in removed:
-                after_removal = True
-                continue
-        elif dropping:
-            after_removal = True
-            continue
-        blank = not line.strip()
-        if blank and after_removal and (not kept or not kept[-1].strip()):
-            continue
-        after_removal = after_removal and blank
-        kept.append(line)
-    if open_blocks:
-        raise ValueError(f"extra:{open_blocks[-1]} block is never closed")
-    return "".join(kept)
-
-
-def markers_in(text: str) -> set[str]:
-    """The extra names the text's markers name."""
-    return {found[1] for line in text.splitlines() if (found := marker(line))}
 
 
 def drop_manifest_entries(pyproject: str, removed: set[str]) -> str:

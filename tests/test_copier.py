@@ -22,6 +22,7 @@ import yaml
 from copier import run_copy, run_update
 
 from tests.conftest import QUICK, ROOT
+from tests.extra_markers import markers_in
 from tests.test_layers import EXTRAS, generator
 
 GENERATE = generator()
@@ -105,9 +106,9 @@ def test_every_marker_names_an_extra_and_is_closed() -> None:
     for name in marked:
         text = (ROOT / name).read_text()
         GENERATE.strip_extra_blocks(text, set())  # raises on an unbalanced marker
-        assert GENERATE.markers_in(text) <= EXTRAS.keys(), f"{name}: a marker names no extra"
+        assert markers_in(text) <= EXTRAS.keys(), f"{name}: a marker names no extra"
     for name in ("Makefile", "pyproject.toml"):
-        assert GENERATE.markers_in((ROOT / name).read_text()), name
+        assert markers_in((ROOT / name).read_text()), name
 
 
 def test_the_questions_match_the_manifest_and_the_generator() -> None:
@@ -168,7 +169,7 @@ def check_project(project: Path, case: str) -> None:
         text = text_of(path)
         if text is not None:
             assert not re.search("lightning[_-]template", text), f"{name} names the template's package"
-            assert GENERATE.markers_in(text) <= kept, f"{name} has markers of removed extras"
+            assert markers_in(text) <= kept, f"{name} has markers of removed extras"
             assert not text or (text.endswith("\n") and not text.endswith("\n\n")), f"{name}: not one last newline"
     for paths, present in [(EXTRAS[e], False) for e in removed] + [(EXTRAS[e], True) for e in kept]:
         for path in paths:

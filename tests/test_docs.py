@@ -20,37 +20,11 @@ import pytest
 import tomllib
 
 from tests.conftest import ROOT
+from tests.extra_markers import marker, strip_extra_blocks
 
 MAX_README_LINES = 250
-MARKER = re.compile(r"^\s*(?:<!--\s*(/?)extra:(\w+)\s*-->|#\s*(/?)extra:(\w+))\s*$")
 LINK = re.compile(r"\[[^\]]*\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)")
 DOC_FILES = ("README.md", "mkdocs.yml")  # and everything under docs/
-
-
-def strip_extra_blocks(text: str, removed: set[str]) -> str:
-    """The text without the blocks of the removed extras (their marker lines included); the blocks of other
-    extras stay as they are, markers too. Blocks may nest; an unbalanced marker is an error."""
-    kept: list[str] = []
-    open_blocks: list[str] = []
-    for number, line in enumerate(text.splitlines(keepends=True), start=1):
-        marker = MARKER.match(line)
-        dropping = any(name in removed for name in open_blocks)
-        if marker:
-            closing, name = (marker[1], marker[2]) if marker[2] else (marker[3], marker[4])
-            if closing:
-                if not open_blocks or open_blocks[-1] != name:
-                    raise ValueError(f"line {number}: /extra:{name} closes no open extra:{name} block")
-                open_blocks.pop()
-            else:
-                open_blocks.append(name)
-            if dropping or name in removed:
-                continue
-        elif dropping:
-            continue
-        kept.append(line)
-    if open_blocks:
-        raise ValueError(f"extra:{open_blocks[-1]} block is never closed")
-    return "".join(kept)
 
 
 def extras_manifest(root: Path) -> dict[str, list[str]]:
@@ -65,8 +39,8 @@ def marked_extras(root: Path) -> set[str]:
     names = set()
     for path in doc_paths(root):
         for line in path.read_text().splitlines():
-            if marker := MARKER.match(line):
-                names.add(marker[2] or marker[4])
+            if found := marker(line):
+                names.add(found[1])
     return names
 
 

@@ -1,0 +1,59 @@
+"""The extra markers of the project's text files, one rule for the generator (.copier/generate.py) and the docs tests.
+
+Lines between `<!-- extra:NAME -->` and `<!-- /extra:NAME -->` (Markdown), or `# extra:NAME` and `# /extra:NAME`
+(Makefile, YAML, TOML), belong to the extra NAME of pyproject.toml's [tool.lightning_template.extras]: a project
+without that extra has neither the lines nor the markers.
+"""
+
+from __future__ import annotations
+
+import re
+
+MARKER = re.compile(r"^[ \t]*(?:<!--[ \t]*(/?)extra:([\w-]+)[ \t]*-->|#[ \t]*(/?)extra:([\w-]+))[ \t]*$")
+
+
+def marker(line: str) -> tuple[bool, str] | None:
+    """(closing, extra name) of a marker line, or None."""
+    found = MARKER.match(line.rstrip("\r\n"))
+    if not found:
+        return None
+    return (bool(found[1]), found[2]) if found[2] else (bool(found[3]), found[4])
+
+
+def strip_extra_blocks(text: str, removed: set[str]) -> str:
+    """The text without the blocks of the removed extras (their marker lines included); the blocks of other
+    extras stay as they are, markers too. Blocks may nest; an unbalanced marker is an error. A blank line left
+    next to another by a removal goes too."""
+    kept: list[str] = []
+    open_blocks: list[str] = []
+    after_removal = False
+    for number, line in enumerate(text.splitlines(keepends=True), start=1):
+        found = marker(line)
+        dropping = any(name in removed for name in open_blocks)
+        if found:
+            closing, name = found
+            if closing:
+                if not open_blocks or open_blocks[-1] != name:
+                    raise ValueError(f"line {number}: /extra:{name} closes no open extra:{name} block")
+                open_blocks.pop()
+            else:
+                open_blocks.append(name)
+            if dropping or name in removed:
+                after_removal = True
+                continue
+        elif dropping:
+            after_removal = True
+            continue
+        blank = not line.strip()
+        if blank and after_removal and (not kept or not kept[-1].strip()):
+            continue
+        after_removal = after_removal and blank
+        kept.append(line)
+    if open_blocks:
+        raise ValueError(f"extra:{open_blocks[-1]} block is never closed")
+    return "".join(kept)
+
+
+def markers_in(text: str) -> set[str]:
+    """The extra names the text's markers name."""
+    return {found[1] for line in text.splitlines() if (found := marker(line))}
