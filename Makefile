@@ -56,9 +56,11 @@ test: install
 test-%: install
 	$(BIN)/python -m pytest tests/$*
 
-# The whole exact-resume fault-injection matrix (90 cells, about 5 minutes), with its table.
+# The whole exact-resume fault-injection matrix (90 cells, about 5 minutes), with its table, and the
+# CLI resume of every job config and callback preset (about 6 minutes).
 matrix: install
 	$(BIN)/python -m pytest tests/test_resume.py -m matrix -s -q
+	$(BIN)/python -m pytest tests/test_job_resume.py -m "matrix or not matrix" -q
 
 # extra:benchmarks
 # Framework overhead, end-to-end ratio, throughput and fraction of peak, loading: medians over

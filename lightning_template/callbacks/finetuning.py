@@ -112,19 +112,21 @@ class TwoStageFinetuning(Callback):
                 f"{len(unfreezing)} callbacks unfreeze the backbone: {', '.join(map(repr, unfreezing))}. Keep one"
                 " (in stacked configs, a later TwoStageFinetuning replaces an earlier one)."
             )
-        backbone = self._backbone(pl_module)
+        # Frozen before DDP wraps the model (also on resume, which restores the stage
+        # later): DDP then never reduces backbone gradients, and we do it ourselves.
+        for parameter in self._backbone(pl_module):
+            parameter.requires_grad_(False)
+
+    def on_fit_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        # Here, not in `setup`: Lightning knows the checkpoint a run resumes from (trainer.ckpt_path) only once it
+        # has restored the callbacks, after `setup`. A resumed run has trained weights whatever --model.weights says.
         if pl_module.hparams.get("weights") is None and trainer.ckpt_path is None:
             raise ConfigError(
                 "TwoStageFinetuning: the model starts from random weights (--model.weights is null), so stage 1"
                 " would train a classifier on random features. Give --model.weights (a torchvision weights name for"
-                " ResNet, or a .pth/.ckpt file), or remove the callback to train from scratch."
+                " ResNet, or a .pth/.ckpt file), or train from scratch without the callback: drop the preset that"
+                " adds it, or replace the job's callbacks with --trainer.callbacks=[]."
             )
-        # Frozen before DDP wraps the model (also on resume, which restores the stage
-        # later): DDP then never reduces backbone gradients, and we do it ourselves.
-        for parameter in backbone:
-            parameter.requires_grad_(False)
-
-    def on_fit_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         if len(trainer.optimizers) != 1:
             raise ConfigError(f"TwoStageFinetuning supports one optimizer, got {len(trainer.optimizers)}.")
         scheduler = self._scheduler(trainer)

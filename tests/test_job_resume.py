@@ -1,0 +1,145 @@
+"""Every shipped job config, and every preset that adds a callback, resumes exactly through the CLI.
+
+As a user runs it: `train.py fit --config <job> [--config <preset>]` stopped by a real SIGTERM in the middle of
+an epoch (exit status 143), then the same command with `--ckpt_path last`, must end with the weights and the
+step of the same command never stopped. Each case is three `train.py` processes; the main job and the two-stage
+fine-tuning jobs run with the suite, every case with `make matrix`.
+"""
+
+from __future__ import annotations
+
+import pickle
+import signal
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from lightning_template.data.idx import read_idx
+from lightning_template.models import ResNetClassifier
+from tests.conftest import ROOT, save_random_weights
+from tests.helpers import same_state
+
+JOBS = sorted(p.stem for p in (ROOT / "configs").glob("*.yaml") if p.stem != "defaults")
+SHORT = [
+    "--trainer.max_epochs=2", "--trainer.limit_train_batches=6", "--trainer.limit_val_batches=2",
+    "--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false", "--trainer.log_every_n_steps=2",
+    "--test_after_fit=false",
+]  # fmt: skip
+STOP_AT = (1, 2)  # epoch, batch: mid-epoch, after the first epoch's checkpoint
+
+
+@dataclass(frozen=True)
+class Case:
+    """A job config, the presets stacked on it, and what this offline machine supplies instead (data, weights)."""
+
+    job: str
+    presets: tuple[str, ...] = ()
+    flags: tuple[str, ...] = ()
+    needs: tuple[str, ...] = field(default=(), compare=False)  # fixtures: "weights", "images", "text", ...
+    stop_at: tuple[int, int] = STOP_AT
+
+    @property
+    def id(self) -> str:
+        return "+".join((self.job, *self.presets))
+
+    def args(self) -> list[str]:
+        configs = [f"configs/{self.job}.yaml", *(f"configs/presets/{p}.yaml" for p in self.presets)]
+        return ["fit", *(f"--config={ROOT / c}" for c in configs), *SHORT, *self.flags]
+
+
+def _cases() -> list[Case]:
+    """One case per job config; the presets that add a callback, on the job they are meant for."""
+    special = {
+        "resnet_finetune": Case("resnet_finetune", needs=("resnet_weights", "images")),
+        "resnet_cifar10": Case("resnet_cifar10", needs=("resnet_weights", "cifar")),
+        "simple_cnn_mnist": Case("simple_cnn_mnist", needs=("mnist",)),
+        "transformer_text": Case("transformer_text", needs=("text",)),
+    }
+    cases = [special.get(job, Case(job)) for job in JOBS]
+    # Stopped in stage 1 (epoch 1), unfrozen at epoch 2 by the preset after the resume.
+    cases.append(Case("resnet_fmnist_small", ("transfer",), ("--trainer.max_epochs=3",), ("fmnist_weights",)))
+    presets = {p.stem for p in (ROOT / "configs" / "presets").glob("*.yaml")}
+    for preset in ("ema", "swa", "lr_find"):  # the tools extra's, where the project has it
+        if preset in presets:
+            cases.append(Case("simple_cnn", (preset,)))
+    return cases
+
+
+CASES = _cases()
+IN_SUITE = {"simple_cnn", "resnet_fmnist_small+transfer", "resnet_finetune"}
+
+
+def _marks(case: Case) -> list[pytest.MarkDecorator]:
+    return [pytest.mark.slow] + ([] if case.id in IN_SUITE else [pytest.mark.matrix])
+
+
+@pytest.fixture(scope="module")
+def offline_inputs(tmp_path_factory: pytest.TempPathFactory, fashion_mnist_dir: Path) -> dict[str, Path]:
+    """Stand-ins for what a job downloads (ImageNet weights, MNIST, CIFAR-10), made from real Fashion-MNIST."""
+    root = tmp_path_factory.mktemp("offline")
+    mnist = root / "data" / "MNIST" / "raw"  # MNIST's IDX layout, with Fashion-MNIST's files in it
+    mnist.mkdir(parents=True)
+    for source in fashion_mnist_dir.glob("*-ubyte.gz"):
+        (mnist / source.name).symlink_to(source)
+    cifar = root / "data" / "cifar-10-batches-py"  # the official pickles: 32x32 RGB, 10 classes
+    cifar.mkdir(parents=True)
+    images = read_idx(fashion_mnist_dir / "t10k-images-idx3-ubyte.gz")[:1200].numpy()
+    labels = read_idx(fashion_mnist_dir / "t10k-labels-idx1-ubyte.gz")[:1200].tolist()
+    rgb = np.repeat(np.pad(images, ((0, 0), (2, 2), (2, 2)))[:, None], 3, axis=1).reshape(len(images), -1)
+    for i, name in enumerate([*(f"data_batch_{i}" for i in range(1, 6)), "test_batch"]):
+        with open(cifar / name, "wb") as f:
+            pickle.dump({"data": rgb[i * 200 : (i + 1) * 200], "labels": labels[i * 200 : (i + 1) * 200]}, f)
+    weights = save_random_weights(ResNetClassifier, root / "resnet18.pth")
+    return {"root": root, "resnet_weights": weights}
+
+
+def _flags(case: Case, inputs: dict[str, Path], request: pytest.FixtureRequest) -> list[str]:
+    flags = []
+    if "resnet_weights" in case.needs:
+        flags.append(f"--model.init_args.weights={inputs['resnet_weights']}")
+    if "fmnist_weights" in case.needs:  # an earlier run's network, as `make transfer` passes step 1's checkpoint
+        flags.append(f"--model.weights={inputs['resnet_weights']}")
+    if "images" in case.needs:
+        flags += [f"--data.init_args.root={request.getfixturevalue('image_tree')}", "--data.init_args.image_size=64"]
+    if "text" in case.needs:
+        texts = request.getfixturevalue("fortunes_dir")
+        flags += [f"--data.init_args.{s}_file={texts / f'{s}.jsonl'}" for s in ("train", "val", "test")]
+    if {"mnist", "cifar"} & set(case.needs):
+        flags.append(f"--data.init_args.data_dir={inputs['root'] / 'data'}")
+    if "cifar" in case.needs:  # 1,000 training images here
+        flags.append("--data.init_args.val_size=100")
+    return flags
+
+
+def _train(args: list[str], cwd: Path, expect: int = 0) -> subprocess.CompletedProcess:
+    cwd.mkdir(parents=True, exist_ok=True)
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "train.py"), *args], cwd=cwd, capture_output=True, text=True, timeout=600
+    )
+    assert done.returncode == expect, f"exit {done.returncode}, expected {expect}\n{done.stderr[-4000:]}"
+    return done
+
+
+@pytest.mark.parametrize("case", [pytest.param(c, marks=_marks(c), id=c.id) for c in CASES])
+def test_a_job_stopped_by_sigterm_resumes_exactly_with_ckpt_path_last(
+    case: Case, tmp_path: Path, offline_inputs: dict[str, Path], request: pytest.FixtureRequest
+) -> None:
+    args = [*case.args(), *_flags(case, offline_inputs, request)]
+    epoch, batch = case.stop_at
+    stop = [
+        "--trainer.callbacks+=tests.helpers.SignalAtBatch", f"--trainer.callbacks.epoch={epoch}",
+        f"--trainer.callbacks.batch={batch}", f"--trainer.callbacks.signum={int(signal.SIGTERM)}",
+    ]  # fmt: skip
+    _train(args, tmp_path / "full")
+    stopped = _train([*args, *stop], tmp_path / "cut", expect=128 + signal.SIGTERM)
+    assert "Stopping after optimizer step" in stopped.stdout + stopped.stderr
+    _train([*args, "--ckpt_path=last"], tmp_path / "cut")
+    last = lambda d: torch.load(next(d.glob("logs/*/version_0/checkpoints/last.ckpt")), weights_only=True)  # noqa: E731
+    full, resumed = last(tmp_path / "full"), last(tmp_path / "cut")
+    assert resumed["global_step"] == full["global_step"] > 0
+    assert same_state(full["state_dict"], resumed["state_dict"]), f"{case.id}: weights differ after the resume"
