@@ -126,18 +126,20 @@ def test_vit_from_a_checkpoint_trains_its_head_then_everything(
     assert names["backbone_no_decay"] == 0.0  # pos_embed, cls_token, norms, biases
 
 
-def test_a_resumed_run_needs_no_weights_its_checkpoint_has_them(tmp_path: Path, quick_trainer, fashion_mnist_dir) -> None:
+def test_a_resumed_run_needs_no_weights_its_checkpoint_has_them(tmp_path: Path, quick_trainer, fashion_mnist_dir):
     """`--ckpt_path` builds the model without --model.weights (the checkpoint replaces them): the random-weights
     refusal is for new runs only, in stage 1 and in stage 2."""
     weights = str(save_random_weights(SimpleCNN, tmp_path / "weights.pt"))
-    for stop_after, stage in ((0, "stage 1"), (1, "stage 2")):
-        directory = tmp_path / stage
-        callbacks = lambda: [TwoStageFinetuning(unfreeze_at_epoch=1), ResumeCheckpoint(dirpath=directory)]  # noqa: E731
-        quick_trainer(max_epochs=3, callbacks=[*callbacks(), StopAfterEpoch(stop_after)]).fit(
-            SimpleCNN(weights=weights), datamodule=FashionMNISTDataModule(batch_size=32)
-        )
-        resumed = quick_trainer(max_epochs=3, callbacks=callbacks())
-        resumed.fit(SimpleCNN(), datamodule=FashionMNISTDataModule(batch_size=32), ckpt_path=directory / "last.ckpt")
+
+    def fit(model: SimpleCNN, directory: Path, *callbacks, ckpt_path: Path | None = None) -> Trainer:
+        finetuning = TwoStageFinetuning(unfreeze_at_epoch=1)
+        trainer = quick_trainer(max_epochs=3, callbacks=[finetuning, ResumeCheckpoint(dirpath=directory), *callbacks])
+        trainer.fit(model, datamodule=FashionMNISTDataModule(batch_size=32), ckpt_path=ckpt_path)
+        return trainer
+
+    for stop_after, stage in ((0, "stage-1"), (1, "stage-2")):
+        fit(SimpleCNN(weights=weights), tmp_path / stage, StopAfterEpoch(stop_after))
+        resumed = fit(SimpleCNN(), tmp_path / stage, ckpt_path=tmp_path / stage / "last.ckpt")
         assert resumed.global_step == 12, stage
 
 
