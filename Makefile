@@ -29,7 +29,7 @@ $(VENV)/.installed: pyproject.toml | $(BIN)/python
 install: $(VENV)/.installed
 
 data: install
-	$(BIN)/python -c "from lightning_template.data import FashionMNISTDataModule as D; D().prepare_data()"
+	$(BIN)/python -c "from lightning_template.tasks.classification import FashionMNISTDataModule as D; D().prepare_data()"
 
 # What `make train` prepares first: the fortunes for the text job, nothing for your own image folders
 # (configs/resnet_finetune.yaml reads data/images/), Fashion-MNIST otherwise.
@@ -134,4 +134,4 @@ transfer: data
 # Real text data for configs/transformer_text.yaml: fortune cookies by topic (Debian's `fortunes`).
 text-data: install
 	@test -d /usr/share/games/fortunes || { echo "Needs Debian's fortunes: sudo apt-get install fortunes"; exit 1; }
-	$(BIN)/python -m lightning_template.data.fortunes data/fortunes
+	$(BIN)/python -m lightning_template.tasks.classification.data.fortunes data/fortunes

@@ -29,10 +29,8 @@ from jsonargparse import ArgumentParser
 from lightning import LightningDataModule
 from PIL import Image
 
-import lightning_template.data  # noqa: F401  (registers the datamodules for --data)
-from lightning_template.data import ImageFolderDataModule, InMemoryImageDataModule, TextClassificationDataModule
-from lightning_template.data.image_folder import CorruptImageError
-from lightning_template.errors import ConfigError, InterfaceError
+import lightning_template.tasks.classification  # noqa: F401  (registers the datamodules for --data)
+from lightning_template.engine.errors import ConfigError, InterfaceError
 from lightning_template.streaming.datamodules import (
     FORMAT_VERSION,
     METADATA_FILE,
@@ -42,6 +40,12 @@ from lightning_template.streaming.datamodules import (
     join,
     require_litdata,
 )
+from lightning_template.tasks.classification import (
+    ImageFolderDataModule,
+    InMemoryImageDataModule,
+    TextClassificationDataModule,
+)
+from lightning_template.tasks.classification.data.image_folder import CorruptImageError
 
 BLOCK = 512  # samples per LitData work item: one item per sample costs ~1 ms of queueing each
 # fork: the workers inherit the loaded source data instead of importing torch again (seconds each).
@@ -267,11 +271,11 @@ def main(argv: list[str] | None = None) -> None:
         config.storage_options,
     )  # fmt: skip
     kind = "Text" if isinstance(config.data, TextClassificationDataModule) else "Image"
-    data = f"lightning_template.data.Streaming{kind}DataModule"
+    data = f"lightning_template.tasks.classification.Streaming{kind}DataModule"
     print(f"Train on it with --data {data} --data.input_dir {config.output}")
 
 
 if __name__ == "__main__":
-    from lightning_template.cli import exit_on_error
+    from lightning_template.engine.cli import exit_on_error
 
     exit_on_error(main)

@@ -23,9 +23,9 @@ from typing import Any
 import torch
 from lightning.pytorch.cli import LightningArgumentParser
 
-from lightning_template.cli import TemplateCLI, exit_on_error
-from lightning_template.input_spec import SPEC_KEY
+from lightning_template.engine.cli import TemplateCLI, exit_on_error
 from lightning_template.serving.backends import SPEC_FILE
+from lightning_template.tasks.classification.input_spec import SPEC_KEY
 
 
 class ExportCLI(TemplateCLI):

@@ -66,7 +66,7 @@ def variants(convnet: bool, device: torch.device, compile: bool) -> dict[str, St
 
 
 def bench_throughput(device: torch.device, smoke: bool) -> dict[str, Any]:
-    from lightning_template.models import ResNetClassifier
+    from lightning_template.tasks.classification import ResNetClassifier
 
     small = ["--data.batch_size=4"] if smoke else []
     resnet_shape = (3, 32, 32) if smoke else (3, 224, 224)

@@ -22,9 +22,9 @@ from pathlib import Path
 import torch
 from lightning import Callback, LightningModule, Trainer
 
-from lightning_template.data import InMemoryImageDataModule
-from lightning_template.models.base import ClassificationModule
-from lightning_template.models.schedule import WarmupSchedule
+from lightning_template.engine.optim import WarmupSchedule
+from lightning_template.tasks.classification import InMemoryImageDataModule
+from lightning_template.tasks.classification.models.base import ClassificationModule
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -127,7 +127,7 @@ def paired_epochs(
 ) -> tuple[list[FitEpoch], list[float]]:
     """`train.py fit --config config` for `pairs` + 1 epochs of `steps` steps, without validation, each epoch
     followed by a bare-loop epoch; (fit seconds, bare seconds) per pair, the first pair (warm-up) dropped."""
-    from lightning_template.cli import TemplateCLI  # the CLI of train.py itself, run in this process
+    from lightning_template.engine.cli import TemplateCLI  # the CLI of train.py itself, run in this process
 
     args = [
         "fit", "--config", str(ROOT / config), f"--trainer.max_epochs={pairs + 1}",
@@ -168,7 +168,7 @@ def lightning_floor(device: torch.device, steps: int, pairs: int) -> list[float]
     """What Lightning itself costs per step, in bare-loop steps of the same pair: the tiny job's network and data
     in a plain Trainer (no callbacks, logger, checkpoints or progress bar) whose training step only returns the
     loss, paired with the bare loop as `train.py fit` is. The template cannot go below this while on Lightning."""
-    from lightning_template.cli import TemplateCLI
+    from lightning_template.engine.cli import TemplateCLI
 
     config = TemplateCLI(args=["--config", str(ROOT / JOB), *TINY], run=False)
     module_class = type(config.model)

@@ -32,9 +32,9 @@ import requests
 import torch
 from PIL import Image
 
-from lightning_template.cli import ROOT, TemplateCLI
-from lightning_template.data.idx import read_idx
+from lightning_template.engine.cli import ROOT, TemplateCLI
 from lightning_template.serving.launch import background_server
+from lightning_template.tasks.classification.data.idx import read_idx
 
 JOBS = {
     "simple_cnn": ["--config", str(ROOT / "configs/simple_cnn.yaml")],

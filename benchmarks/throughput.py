@@ -19,7 +19,7 @@ from torch.profiler import ProfilerActivity, profile
 from torch.utils.flop_counter import FlopCounterMode
 
 from benchmarks.overhead import sync
-from lightning_template.models.base import ClassificationModule
+from lightning_template.tasks.classification.models.base import ClassificationModule
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -35,7 +35,7 @@ class StepSpec:
 
 def job_model(config: str, overrides: list[str] = ()) -> tuple[ClassificationModule, int, tuple[int, ...]]:
     """The model of a job config as `train.py` builds it, its batch size and input shape."""
-    from lightning_template.cli import TemplateCLI
+    from lightning_template.engine.cli import TemplateCLI
 
     args = ["--config", str(ROOT / config), "--trainer.logger=false", *overrides]
     cli = TemplateCLI(args=args, run=False)

@@ -14,9 +14,9 @@ import torch
 from lightning import Trainer
 from PIL import Image
 
-from lightning_template.data.fortunes import FORTUNES_DIR
-from lightning_template.data.fortunes import build as build_fortunes
-from lightning_template.data.idx import read_idx
+from lightning_template.tasks.classification.data.fortunes import FORTUNES_DIR
+from lightning_template.tasks.classification.data.fortunes import build as build_fortunes
+from lightning_template.tasks.classification.data.idx import read_idx
 
 ROOT = Path(__file__).resolve().parents[1]
 SYSTEM_FASHION_MNIST = Path("/usr/share/datasets/fashion-mnist")

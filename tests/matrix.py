@@ -23,9 +23,13 @@ import torch
 from lightning import Callback, Trainer, seed_everything
 from lightning.pytorch.callbacks import ModelCheckpoint
 
-from lightning_template.callbacks import ExactResume, FiniteLossGuard, ResumeCheckpoint, TwoStageFinetuning
-from lightning_template.data import FashionMNISTDataModule, ImageFolderDataModule
-from lightning_template.models import SimpleCNN
+from lightning_template.engine import ExactResume, FiniteLossGuard, ResumeCheckpoint
+from lightning_template.tasks.classification import (
+    FashionMNISTDataModule,
+    ImageFolderDataModule,
+    SimpleCNN,
+    TwoStageFinetuning,
+)
 from tests.helpers import SignalAtBatch, StopAfterEpoch
 
 STREAMING = importlib.util.find_spec("lightning_template.streaming") is not None  # an extra: its cells if present

@@ -11,9 +11,9 @@ import pytest
 import torch
 from lightning.pytorch.callbacks import EarlyStopping, LearningRateMonitor
 
-from lightning_template.callbacks import ExactResume, FiniteLossGuard, ResumeCheckpoint
-from lightning_template.cli import TemplateCLI
-from lightning_template.models import ResNetClassifier, SimpleCNN
+from lightning_template.engine import ExactResume, FiniteLossGuard, ResumeCheckpoint
+from lightning_template.engine.cli import TemplateCLI
+from lightning_template.tasks.classification import ResNetClassifier, SimpleCNN
 from tests.conftest import QUICK, ROOT, run_cli, save_random_weights
 from tests.helpers import event_tags, same_state, scalar_steps
 
@@ -100,8 +100,9 @@ def test_a_config_of_model_and_data_alone_resumes_exactly(tmp_path: Path, monkey
     """The defaults and the CLI supply everything resume needs: a SIGTERM mid-epoch (a real process, stopped
     with exit status 143), then --ckpt_path last (here in-process, like the uninterrupted reference)."""
     (tmp_path / "mine.yaml").write_text(
-        "model: lightning_template.models.SimpleCNN\n"
-        "data:\n  class_path: lightning_template.data.FashionMNISTDataModule\n  init_args: {augment: true}\n"
+        "model: lightning_template.tasks.classification.SimpleCNN\n"
+        "data:\n  class_path: lightning_template.tasks.classification.FashionMNISTDataModule\n"
+        "  init_args: {augment: true}\n"
     )
     args = [
         "fit", "--config", "mine.yaml", "--trainer.max_epochs=2", "--trainer.limit_train_batches=10",

@@ -12,12 +12,11 @@ import pytest
 import torch
 from lightning.pytorch.callbacks import RichModelSummary, RichProgressBar
 
-from lightning_template.callbacks import ExactResume, ResumeCheckpoint
-from lightning_template.callbacks.console import EpochLines
-from lightning_template.cli import TemplateCLI, main, template_error
-from lightning_template.data import FashionMNISTDataModule
-from lightning_template.errors import ConfigError
-from lightning_template.models import SimpleCNN
+from lightning_template.engine import ExactResume, ResumeCheckpoint
+from lightning_template.engine.cli import TemplateCLI, main, template_error
+from lightning_template.engine.console import EpochLines
+from lightning_template.engine.errors import ConfigError
+from lightning_template.tasks.classification import FashionMNISTDataModule, SimpleCNN
 from tests.conftest import QUICK, ROOT
 from tests.helpers import SignalAtBatch
 
@@ -56,7 +55,12 @@ def test_errors_print_the_message_without_traceback_and_debug_shows_it(tmp_path:
     assert f"Error: --model.weights {tmp_path / 'bad.pth'}: not a readable torch file" in weights
     assert "Traceback" not in weights and "Union subtypes" not in weights  # the cause, not its wrapper
     no_data = _main(
-        ["fit", *JOB, "--data=lightning_template.data.ImageFolderDataModule", f"--data.root={tmp_path}"],
+        [
+            "fit",
+            *JOB,
+            "--data=lightning_template.tasks.classification.ImageFolderDataModule",
+            f"--data.root={tmp_path}",
+        ],
         monkeypatch,
         capsys,
     )
@@ -74,7 +78,7 @@ def test_every_option_can_come_from_the_environment(monkeypatch, capsys) -> None
         TemplateCLI(args=["fit", "--print_config", "--trainer.min_epochs=2"])
     printed = capsys.readouterr().out
     assert "  max_epochs: 3\n" in printed and "    dropout: 0.4\n" in printed
-    assert "class_path: lightning_template.models.SimpleCNN" in printed
+    assert "class_path: lightning_template.tasks.classification.SimpleCNN" in printed
     assert "  min_epochs: 2\n" in printed  # flags still apply
 
 

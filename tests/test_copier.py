@@ -177,7 +177,7 @@ def check_project(project: Path, case: str) -> None:
     for name in NOT_COPIED:
         assert not (project / name).exists(), name
     assert not (project / "lightning_template").exists()
-    assert (project / package / "cli.py").is_file()
+    assert (project / package / "engine" / "cli.py").is_file()
 
     pyproject = tomllib.loads((project / "pyproject.toml").read_text())
     assert pyproject["project"]["name"] == slug
@@ -296,7 +296,7 @@ def test_update_brings_the_template_change_and_keeps_the_users(
     ignored.write_text("lightning_template\n<!-- extra:search -->\n")
 
     # The template improves: a core module, the Makefile, and an extra this project left out.
-    core = repo / "lightning_template/models/simple_cnn.py"
+    core = repo / "lightning_template/tasks/classification/models/simple_cnn.py"
     core.write_text(core.read_text() + '\n\nTEMPLATE_CHANGE = "lightning_template"\n')  # as ruff formats it
     makefile = repo / "Makefile"
     makefile.write_text(makefile.read_text().replace("matrix: install\n", "matrix: install  # template change\n"))

@@ -12,7 +12,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from lightning_template.callbacks import ExactResume, ProcessGroupTeardown
+from lightning_template.engine import ExactResume, ProcessGroupTeardown
 from tests.conftest import ROOT, run_cli
 from tests.helpers import free_port, max_difference
 

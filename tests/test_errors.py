@@ -11,11 +11,10 @@ import pytest
 import torch
 from lightning import Callback, seed_everything
 
-from lightning_template.callbacks import ExactResume, FiniteLossGuard, NonFiniteLossError, ResumeCheckpoint
-from lightning_template.cli import TemplateCLI
-from lightning_template.data import FashionMNISTDataModule
-from lightning_template.data.idx import ALL_FILES
-from lightning_template.models import ResNetClassifier, SimpleCNN
+from lightning_template.engine import ExactResume, FiniteLossGuard, NonFiniteLossError, ResumeCheckpoint
+from lightning_template.engine.cli import TemplateCLI
+from lightning_template.tasks.classification import FashionMNISTDataModule, ResNetClassifier, SimpleCNN
+from lightning_template.tasks.classification.data.idx import ALL_FILES
 from tests.conftest import ROOT
 
 
@@ -81,7 +80,7 @@ def test_label_outside_the_classes_names_split_and_examples(tmp_path: Path, fash
 
 
 def test_idx_header_that_lies_about_its_size(tmp_path: Path) -> None:
-    from lightning_template.data.idx import read_idx
+    from lightning_template.tasks.classification.data.idx import read_idx
 
     (tmp_path / "x-idx1-ubyte").write_bytes(struct.pack(">BBBBI", 0, 0, 8, 1, 1000) + b"\x01" * 10)
     with pytest.raises(ValueError, match=r"x-idx1-ubyte: truncated or corrupt \(18 bytes, header says 1008\)"):
@@ -148,7 +147,7 @@ def test_interrupted_checkpoint_write_leaves_the_previous_file_intact(
 
 
 def test_a_model_breaking_the_step_output_contract_is_told_what_is_missing(quick_trainer, fashion_mnist_dir) -> None:
-    from lightning_template.callbacks import ConfusionMatrixImage
+    from lightning_template.tasks.classification import ConfusionMatrixImage
 
     class LossOnly(SimpleCNN):
         def validation_step(self, batch, batch_idx):

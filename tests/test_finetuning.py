@@ -13,10 +13,15 @@ from lightning import LightningModule, Trainer, seed_everything
 from lightning.pytorch.callbacks import LearningRateMonitor
 from lightning.pytorch.loggers import TensorBoardLogger
 
-from lightning_template.callbacks import ExactResume, ResumeCheckpoint, TwoStageFinetuning
-from lightning_template.cli import TemplateCLI
-from lightning_template.data import FashionMNISTDataModule
-from lightning_template.models import ResNetClassifier, SimpleCNN, TransformerClassifier
+from lightning_template.engine import ExactResume, ResumeCheckpoint
+from lightning_template.engine.cli import TemplateCLI
+from lightning_template.tasks.classification import (
+    FashionMNISTDataModule,
+    ResNetClassifier,
+    SimpleCNN,
+    TransformerClassifier,
+    TwoStageFinetuning,
+)
 from tests.conftest import ROOT, save_random_weights
 from tests.helpers import StopAfterEpoch, event_tags, same_state
 

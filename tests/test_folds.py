@@ -8,9 +8,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from lightning_template.data import FashionMNISTDataModule, ImageFolderDataModule, TextClassificationDataModule
-from lightning_template.data.folds import fold_split
-from lightning_template.data.idx import read_idx
+from lightning_template.tasks.classification import (
+    FashionMNISTDataModule,
+    ImageFolderDataModule,
+    TextClassificationDataModule,
+)
+from lightning_template.tasks.classification.data.folds import fold_split
+from lightning_template.tasks.classification.data.idx import read_idx
 
 
 def test_folds_partition_real_labels_stratified_and_seeded(fashion_mnist_dir: Path) -> None:

@@ -12,12 +12,11 @@ import torch
 import torchvision
 from PIL import Image
 
-from lightning_template.cli import template_error
-from lightning_template.data import CIFAR10DataModule, ImageFolderDataModule
-from lightning_template.data.files import DatasetNotFoundError
-from lightning_template.data.idx import read_idx
-from lightning_template.data.image_folder import CorruptImageError, compute_mean_std
-from lightning_template.models import SimpleCNN
+from lightning_template.engine.cli import template_error
+from lightning_template.tasks.classification import CIFAR10DataModule, ImageFolderDataModule, SimpleCNN
+from lightning_template.tasks.classification.data.files import DatasetNotFoundError
+from lightning_template.tasks.classification.data.idx import read_idx
+from lightning_template.tasks.classification.data.image_folder import CorruptImageError, compute_mean_std
 
 CLASSES = {0: "tshirt", 1: "trouser", 7: "sneaker"}
 

@@ -19,8 +19,8 @@ import numpy as np
 import pytest
 import torch
 
-from lightning_template.data.idx import read_idx
-from lightning_template.models import ResNetClassifier
+from lightning_template.tasks.classification import ResNetClassifier
+from lightning_template.tasks.classification.data.idx import read_idx
 from tests.conftest import ROOT, save_random_weights
 from tests.helpers import same_state
 

@@ -34,7 +34,7 @@ EXTRA_MODULES = [
 
 def test_the_core_trains_with_every_extra_unimportable(tmp_path: Path) -> None:
     blocked = "; ".join(f"sys.modules[{name!r}] = None" for name in EXTRA_MODULES)  # `import` of it fails
-    code = f"import sys; {blocked}; from lightning_template.cli import main; main()"
+    code = f"import sys; {blocked}; from lightning_template.engine.cli import main; main()"
     args = ["fit", "--config", str(ROOT / "configs/simple_cnn.yaml"), *QUICK, "--trainer.max_epochs=1"]
     args += ["--trainer.limit_train_batches=3", "--test_after_fit=true"]
     done = subprocess.run(

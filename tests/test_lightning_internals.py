@@ -10,7 +10,7 @@ import pytest
 from lightning import Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint, WeightAveraging
 
-from lightning_template import lightning_internals
+from lightning_template.engine import lightning_internals
 
 
 def owner(name: str) -> object:
@@ -28,7 +28,7 @@ def test_every_private_lightning_attribute_still_exists(owner_name: str, path: s
     except AttributeError:
         pytest.fail(
             f"Lightning {lightning.__version__} has no `{owner_name}.{path}`, which"
-            " lightning_template/lightning_internals.py uses: find where this release moved it and update"
+            " lightning_template/engine/lightning_internals.py uses: find where this release moved it and update"
             " that file"
             " (or pin the Lightning version in pyproject.toml)."
         )

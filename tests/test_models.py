@@ -10,11 +10,17 @@ import pytest
 import torch
 from torch import nn
 
-import lightning_template.models
-from lightning_template.data import FashionMNISTDataModule, ImageFolderDataModule
-from lightning_template.models import ClassificationModule, ResNetClassifier, SimpleCNN, TransformerClassifier
-from lightning_template.models.pretrained import WeightsError, adapt_input_conv
-from lightning_template.models.schedule import lr_factor
+import lightning_template.tasks.classification
+from lightning_template.engine.optim import lr_factor
+from lightning_template.tasks.classification import (
+    ClassificationModule,
+    FashionMNISTDataModule,
+    ImageFolderDataModule,
+    ResNetClassifier,
+    SimpleCNN,
+    TransformerClassifier,
+)
+from lightning_template.tasks.classification.models.pretrained import WeightsError, adapt_input_conv
 from tests.conftest import save_random_weights
 
 CASES = {
@@ -33,9 +39,9 @@ def _inputs(shape: tuple[int, ...] | None, batch: int = 4) -> torch.Tensor:
 
 def test_every_model_has_a_contract_case() -> None:
     exported = {
-        name for name in lightning_template.models.__all__
-        if isinstance(getattr(lightning_template.models, name), type)
-        and issubclass(getattr(lightning_template.models, name), ClassificationModule)
+        name for name in lightning_template.tasks.classification.__all__
+        if isinstance(getattr(lightning_template.tasks.classification, name), type)
+        and issubclass(getattr(lightning_template.tasks.classification, name), ClassificationModule)
     } - {"ClassificationModule"}  # fmt: skip
     assert exported == {cls.__name__ for cls, _, _ in CASES.values()}
 

@@ -20,9 +20,8 @@ import torch
 from lightning import Callback, Trainer, seed_everything
 from lightning.pytorch.callbacks import ModelCheckpoint
 
-from lightning_template.callbacks import ExactResume, ResumeCheckpoint
-from lightning_template.data import FashionMNISTDataModule
-from lightning_template.models import SimpleCNN
+from lightning_template.engine import ExactResume, ResumeCheckpoint
+from lightning_template.tasks.classification import FashionMNISTDataModule, SimpleCNN
 from tests import matrix
 from tests.helpers import SignalAtBatch, StopAfterEpoch, same_state
 

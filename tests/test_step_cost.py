@@ -8,9 +8,8 @@ import time
 import pytest
 import torch
 
-from lightning_template.data import FashionMNISTDataModule
-from lightning_template.models import SimpleCNN
-from lightning_template.resume.exact_resume import seed_all
+from lightning_template.engine.resume import seed_all
+from lightning_template.tasks.classification import FashionMNISTDataModule, SimpleCNN
 
 
 def test_seeding_per_batch_sets_torch_manual_seed_states_in_microseconds() -> None:

@@ -11,9 +11,13 @@ import torch
 from lightning import seed_everything
 from lightning.pytorch.callbacks import ModelCheckpoint
 
-from lightning_template.data.text import BucketSampler, TextClassificationDataModule, WordTokenizer
-from lightning_template.models import TransformerClassifier
-from lightning_template.models.transformer import MultiHeadSelfAttention
+from lightning_template.tasks.classification import TransformerClassifier
+from lightning_template.tasks.classification.data.text import (
+    BucketSampler,
+    TextClassificationDataModule,
+    WordTokenizer,
+)
+from lightning_template.tasks.classification.models.transformer import MultiHeadSelfAttention
 
 
 @pytest.mark.parametrize("use_sdpa", [True, False], ids=["sdpa", "explicit"])

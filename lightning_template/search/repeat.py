@@ -16,7 +16,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from lightning_template.errors import ConfigError
+from lightning_template.engine.errors import ConfigError
 from lightning_template.search import runs
 
 

@@ -22,9 +22,9 @@ from lightning import Callback, LightningModule, Trainer
 from lightning.pytorch.cli import LightningArgumentParser
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
-from lightning_template.callbacks.tracking import RUN_ARG, logger_type, run_dir, tracker_runs_of
-from lightning_template.cli import TemplateCLI, installed_callbacks
-from lightning_template.errors import ConfigError
+from lightning_template.engine.cli import TemplateCLI, installed_callbacks
+from lightning_template.engine.errors import ConfigError
+from lightning_template.engine.tracking import RUN_ARG, logger_type, run_dir, tracker_runs_of
 
 # Runs here are driven with an explicit config by design, whatever this process's own argv is.
 warnings.filterwarnings("ignore", message="LightningCLI's args parameter is intended")

@@ -34,7 +34,7 @@ from optuna.storages import RDBStorage
 from optuna.trial import FrozenTrial, TrialState, create_trial
 from optuna_integration import PyTorchLightningPruningCallback
 
-from lightning_template.errors import ConfigError
+from lightning_template.engine.errors import ConfigError
 from lightning_template.search import runs
 from lightning_template.search.space import Param
 

@@ -17,7 +17,7 @@ from typing import Any
 import optuna
 import yaml
 
-from lightning_template.errors import ConfigError
+from lightning_template.engine.errors import ConfigError
 
 KINDS = ("uniform", "log_uniform", "int", "log_int", "choice")
 

@@ -13,9 +13,9 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from lightning_template.errors import ConfigError, MissingFileError
-from lightning_template.input_spec import SPEC_KEY
+from lightning_template.engine.errors import ConfigError, MissingFileError
 from lightning_template.serving.preprocess import softmax
+from lightning_template.tasks.classification.input_spec import SPEC_KEY
 
 SPEC_FILE = "serving.json"  # where export.py writes it next to net.onnx
 
@@ -48,7 +48,7 @@ class TorchBackend:
         if self.spec is None:
             raise ConfigError(
                 f"{ckpt_path} has no input spec ('{SPEC_KEY}'); it was written before serving existed or outside"
-                " train.py. Retrain with train.py, or add lightning_template.callbacks.CheckpointFacts to the"
+                " train.py. Retrain with train.py, or add lightning_template.engine.CheckpointFacts to the"
                 " Trainer."
             )
         hparams = dict(checkpoint.get("hyper_parameters", {}))
@@ -56,11 +56,11 @@ class TorchBackend:
         module_name, _, class_name = class_path.rpartition(".")
         # Only this project's models: the class path comes from the file, and a checkpoint must not be
         # able to make the server import or call anything else.
-        if not module_name.startswith("lightning_template.models"):
-            raise ConfigError(f"{ckpt_path}: the model class {class_path!r} is not one of lightning_template.models.")
+        if not module_name.startswith("lightning_template.tasks."):
+            raise ConfigError(f"{ckpt_path}: the model class {class_path!r} is not of this project's tasks.")
         model_class = getattr(importlib.import_module(module_name), class_name, None)
         if not (isinstance(model_class, type) and issubclass(model_class, LightningModule)):
-            raise ConfigError(f"{ckpt_path}: {class_path!r} is not a LightningModule of lightning_template/models/.")
+            raise ConfigError(f"{ckpt_path}: {class_path!r} is not a LightningModule of this project's tasks.")
         # Serving never trains: the optimizer is left at the model's default, so its class path (any module
         # the file names) is never imported.
         hparams = {k: v for k, v in hparams.items() if not k.startswith("_") and k != "optimizer"}

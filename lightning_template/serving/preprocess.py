@@ -1,7 +1,7 @@
 """Request inputs -> model inputs, from the checkpoint's input spec, with numpy and PIL only.
 
 The spec is written into every checkpoint at training time by the datamodule that trained
-it (`serving_spec()`, saved by `lightning_template.callbacks.CheckpointFacts`) and next to an exported
+it (`serving_spec()`, saved by `lightning_template.engine.CheckpointFacts`) and next to an exported
 ONNX file as `serving.json`. It states what the evaluation pipeline did (size, resize/crop, normalization,
 the tokenizer's vocabulary and rules), so a served model sees its inputs exactly as `predict`
 did, without the training data and without torch: the ONNX backend never imports it.
@@ -21,8 +21,13 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
-from lightning_template.errors import ConfigError, TemplateError
-from lightning_template.input_spec import center_crop, normalization, resized_size, split_words
+from lightning_template.engine.errors import ConfigError, TemplateError
+from lightning_template.tasks.classification.input_spec import (
+    center_crop,
+    normalization,
+    resized_size,
+    split_words,
+)
 
 MAX_PIXELS = 40_000_000  # refuse larger images before decoding them (PIL's own bomb guard is at 179 MP)
 # Resizing the short side keeps the aspect ratio: a 1x3000 image would become 256x768,000 (800 MB, seconds of

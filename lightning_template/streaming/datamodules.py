@@ -32,11 +32,11 @@ from lightning import LightningDataModule
 from PIL import Image
 from torch.utils.data import DataLoader, Dataset, default_collate
 
-from lightning_template.data.in_memory import DeviceImageTransforms
-from lightning_template.data.text import PadCollate
-from lightning_template.errors import DataError, MissingPackageError
-from lightning_template.input_spec import center_crop, resized_size
-from lightning_template.resume.sampling import SplitLoaders, derive_seed, global_seed, make_loader, world
+from lightning_template.engine.errors import DataError, MissingPackageError
+from lightning_template.engine.sampling import SplitLoaders, derive_seed, global_seed, make_loader, world
+from lightning_template.tasks.classification.data.in_memory import DeviceImageTransforms
+from lightning_template.tasks.classification.data.text import PadCollate
+from lightning_template.tasks.classification.input_spec import center_crop, resized_size
 
 # LitData shards its IterableDataset across workers and ranks itself, so its length is right.
 warnings.filterwarnings("ignore", message="Your `IterableDataset` has `__len__` defined", category=UserWarning)

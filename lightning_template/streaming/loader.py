@@ -6,7 +6,7 @@ from typing import Any
 
 from litdata import StreamingDataLoader, StreamingDataset
 
-from lightning_template.resume.sampling import ResumesFromLoop, fit_position
+from lightning_template.engine.sampling import ResumesFromLoop, fit_position
 
 
 class LoopPositionedLoader(StreamingDataLoader, ResumesFromLoop):

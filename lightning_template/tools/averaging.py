@@ -22,8 +22,8 @@ from lightning.pytorch.callbacks import EMAWeightAveraging as LightningEMA
 from lightning.pytorch.callbacks import WeightAveraging
 from lightning.pytorch.trainer.states import TrainerFn
 
-from lightning_template.errors import ConfigError
-from lightning_template.lightning_internals import averaged_model
+from lightning_template.engine.errors import ConfigError
+from lightning_template.engine.lightning_internals import averaged_model
 
 
 class AverageOnlyInFit:

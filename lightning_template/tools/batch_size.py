@@ -7,7 +7,7 @@ from typing import Any, Literal
 from lightning import LightningModule, Trainer
 from lightning.pytorch.callbacks import BatchSizeFinder
 
-from lightning_template.lightning_internals import forget_train_loader
+from lightning_template.engine.lightning_internals import forget_train_loader
 
 
 class FitBatchSizeFinder(BatchSizeFinder):

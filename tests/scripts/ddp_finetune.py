@@ -13,9 +13,8 @@ import torch
 from lightning import Callback, Trainer, seed_everything
 from lightning.pytorch.plugins import MixedPrecision
 
-from lightning_template.callbacks import ProcessGroupTeardown, TwoStageFinetuning
-from lightning_template.data import FashionMNISTDataModule
-from lightning_template.models import SimpleCNN
+from lightning_template.engine import ProcessGroupTeardown
+from lightning_template.tasks.classification import FashionMNISTDataModule, SimpleCNN, TwoStageFinetuning
 
 INF_AT_STEP = 4  # after unfreezing (epoch 1 starts at step 3)
 

@@ -26,11 +26,11 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 from PIL import Image
 
-from lightning_template.data import ImageFolderDataModule
-from lightning_template.data.idx import read_idx
 from lightning_template.serving.backends import load_backend
 from lightning_template.serving.launch import server_process
 from lightning_template.serving.preprocess import BadInput, ImagePreprocessor
+from lightning_template.tasks.classification import ImageFolderDataModule
+from lightning_template.tasks.classification.data.idx import read_idx
 from tests.conftest import ROOT, best_checkpoint
 
 NUM_IMAGES = 16
@@ -254,8 +254,7 @@ def test_a_thin_image_is_refused_from_its_header_before_any_resize(size: tuple[i
 
 @pytest.mark.slow
 def test_a_checkpoint_cannot_make_the_server_import_a_module(image_model: dict, tmp_path: Path, monkeypatch) -> None:
-    """The model class is checked against lightning_template.models; the optimizer's class path is never
-    imported."""
+    """The model class is checked against the project's tasks; the optimizer's class path is never imported."""
     (tmp_path / "planted.py").write_text(f"open({str(tmp_path / 'imported')!r}, 'w').close()\nclass Optimizer: ...\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.delitem(sys.modules, "planted", raising=False)

@@ -20,8 +20,8 @@ import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from convert import convert
-from lightning_template.data import FashionMNISTDataModule
 from lightning_template.streaming import StreamingImageDataModule
+from lightning_template.tasks.classification import FashionMNISTDataModule
 from tests.conftest import ROOT, run_cli
 from tests.helpers import free_port, max_difference
 

@@ -21,13 +21,13 @@ from PIL import Image
 
 import lightning_template.streaming
 from convert import convert
-from lightning_template.data import (
+from lightning_template.streaming import StreamingImageDataModule, StreamingTextDataModule
+from lightning_template.streaming.datamodules import StreamingDataError, decode_image
+from lightning_template.tasks.classification import (
     FashionMNISTDataModule,
     ImageFolderDataModule,
     TextClassificationDataModule,
 )
-from lightning_template.streaming import StreamingImageDataModule, StreamingTextDataModule
-from lightning_template.streaming.datamodules import StreamingDataError, decode_image
 from tests.conftest import QUICK, ROOT, run_cli
 from tests.test_datamodules import assert_contract
 

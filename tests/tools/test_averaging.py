@@ -10,9 +10,8 @@ import pytest
 import torch
 from lightning import Callback, Trainer, seed_everything
 
-from lightning_template.callbacks import ExactResume, ResumeCheckpoint, TwoStageFinetuning
-from lightning_template.data import FashionMNISTDataModule
-from lightning_template.models import SimpleCNN
+from lightning_template.engine import ExactResume, ResumeCheckpoint
+from lightning_template.tasks.classification import FashionMNISTDataModule, SimpleCNN, TwoStageFinetuning
 from lightning_template.tools import EMAWeightAveraging, SWAWeightAveraging
 from tests.conftest import save_random_weights
 from tests.helpers import SignalAtBatch, StopAfterEpoch, same_state

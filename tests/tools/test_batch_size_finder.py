@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from lightning_template.cli import TemplateCLI
+from lightning_template.engine.cli import TemplateCLI
 from tests.conftest import QUICK, ROOT
 
 JOB = ["--config", str(ROOT / "configs/simple_cnn.yaml")]

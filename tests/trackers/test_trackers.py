@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from lightning_template.cli import TemplateCLI
+from lightning_template.engine.cli import TemplateCLI
 from tests.conftest import QUICK, ROOT
 
 JOB = str(ROOT / "configs" / "simple_cnn.yaml")
@@ -75,7 +75,8 @@ def test_csv_and_wandb_offline_presets_write_their_files(tmp_path: Path, monkeyp
 
 
 def test_a_tracker_that_is_not_installed_is_named_with_the_fix(tmp_path: Path) -> None:
-    code = "import sys; sys.modules['wandb'] = None; from lightning_template.cli import main; main()"  # no wandb
+    # without wandb
+    code = "import sys; sys.modules['wandb'] = None; from lightning_template.engine.cli import main; main()"
     args = ["fit", "--config", JOB, "--config", str(PRESETS / "wandb.yaml"), *QUICK]
     result = subprocess.run([sys.executable, "-c", code, *args], cwd=tmp_path, capture_output=True, text=True,
                             env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})  # fmt: skip

@@ -1,0 +1,265 @@
+"""Bit-exact resume, from a checkpoint written at an epoch end, at a step, at a mid-epoch
+validation, or on SIGTERM / Ctrl-C in the middle of an epoch; on one process or under DDP.
+
+What a resumed run must reproduce, and how:
+- the order of samples: the samplers in `lightning_template/engine/sampling.py` derive it from
+  (seed, epoch) and skip the batches Lightning's restored loop says are done;
+- random numbers of the training step (dropout, on-device augmentation): every batch
+  draws from a generator seeded by (seed, epoch, batch, rank), so there is no generator
+  state to save, and each DDP rank has its own stream; worker-side augmentation is
+  seeded per sample (`lightning_template.engine.sampling.seeded_sample`);
+- model, optimizer, scheduler and loop state: Lightning's checkpoint.
+
+Stopping: SIGTERM (cluster pre-emption, `kill`) and the first Ctrl-C stop at the next
+optimizer-step boundary (never between the micro-batches of one accumulated step), all
+DDP ranks at the same one, and `ResumeCheckpoint` writes `last.ckpt` there; a second
+Ctrl-C aborts at once and writes a checkpoint only if the loop happens to be at such a
+boundary. A checkpoint is never written in the middle of a step or with non-finite weights.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import threading
+import warnings
+from typing import Any
+
+import numpy as np
+import torch
+from lightning import Callback, LightningModule, Trainer
+from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.plugins.environments import SLURMEnvironment
+from lightning.pytorch.trainer.states import TrainerFn
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
+from lightning.pytorch.utilities.warnings import PossibleUserWarning
+
+from lightning_template.engine.errors import ConfigError, InterfaceError
+from lightning_template.engine.lightning_internals import (
+    closes_accumulation_window,
+    cluster_environment,
+    mark_saved_at,
+    requeue_slurm_job,
+    save_now,
+    stop_after_this_step,
+    train_data_fetcher,
+)
+from lightning_template.engine.sampling import ResumesFromLoop, derive_seed, global_seed
+
+
+def seed_all(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    # Not torch.manual_seed: while CUDA is not initialized (every CPU run) it records a stack trace per call for a
+    # deferred CUDA seeding, about 2 ms per training step on a small CPU. The same states, without that.
+    torch.default_generator.manual_seed(seed)
+    if torch.cuda.is_initialized():
+        torch.cuda.manual_seed_all(seed)
+    if torch.backends.mps.is_available():
+        torch.mps.manual_seed(seed)
+
+
+def at_step_boundary(trainer: Trainer) -> bool:
+    """No step is half done: no batch between forward and end, no accumulated gradient pending."""
+    progress = trainer.fit_loop.epoch_loop.batch_progress.current
+    return progress.started == progress.processed and closes_accumulation_window(trainer)
+
+
+class ResumeCheckpoint(ModelCheckpoint):
+    """`last.ckpt`, rewritten at every epoch end (or validation) and on a graceful stop, never half a step.
+
+    Installed in every run by train.py; `--ckpt_path last` resumes from it."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        kwargs = {"filename": "last", "enable_version_counter": False, "save_on_exception": True, **kwargs}
+        super().__init__(**kwargs)
+
+    def on_load_checkpoint(self, trainer: Trainer, pl_module: LightningModule, checkpoint: dict[str, Any]) -> None:
+        # The file already holds this step: a resume refused at start must not overwrite it.
+        mark_saved_at(self, checkpoint["global_step"])
+
+    def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        super().on_train_epoch_end(trainer, pl_module)
+        # ModelCheckpoint saves after validation when validation runs inside the epoch (val_check_interval < 1,
+        # check_val_every_n_epoch > 1): the batches after the epoch's last validation would be missing.
+        save_now(self, trainer)
+
+    def _save_checkpoint(self, trainer: Trainer, filepath: str) -> None:
+        if trainer.state.fn == TrainerFn.FITTING and not at_step_boundary(trainer):
+            rank_zero_warn(
+                f"{filepath}: not written in the middle of an optimizer step (between micro-batches of an"
+                " accumulated step, or inside a failing one); the previous checkpoint stays."
+            )
+            return
+        if not all(torch.isfinite(p).all() for p in trainer.lightning_module.parameters()):
+            rank_zero_warn(f"{filepath}: not written, the weights are not finite; the previous checkpoint stays.")
+            return
+        super()._save_checkpoint(trainer, filepath)
+
+    def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
+        # A save failing here (the full disk that failed the run) must not escape: Lightning would skip its teardown
+        # and leave its SIGTERM handler installed, catching the signals meant for whatever the process runs next.
+        try:
+            super().on_exception(trainer, pl_module, exception)
+        except Exception as err:
+            rank_zero_warn(f"{self.dirpath}: no checkpoint written after the {type(exception).__name__} ({err}).")
+
+
+class ExactResume(Callback):
+    def __init__(self) -> None:
+        self._trainer: Trainer | None = None
+        self._saved: dict[str, Any] | None = None
+        self._previous_handlers: dict[int, Any] = {}
+        self._stop_requested = False
+        self._requeue_signal: int | None = None  # SLURM's requeue signal, once received
+        self._requeue_installed = False
+        self._warnings: warnings.catch_warnings | None = None  # Lightning's warning silenced for this run
+
+    # -- checkpoint state: what the epoch consumed, to refuse a resume that cannot skip it exactly --
+    def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        self._trainer = trainer
+
+    def state_dict(self) -> dict[str, Any]:
+        trainer = self._trainer
+        if trainer is None or trainer.train_dataloader is None:
+            return {}
+        state = {
+            "batch_size": trainer.train_dataloader.batch_size,
+            "world_size": trainer.world_size,
+            "batches_done": trainer.fit_loop.epoch_loop.batch_progress.current.processed,
+        }
+        loader = trainer.train_dataloader
+        if isinstance(loader, ResumesFromLoop) and loader.worker_dependent:  # streamed: workers own chunk shares
+            state["num_workers"] = trainer.train_dataloader.num_workers
+        return state
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self._saved = state_dict
+
+    def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._install_signal_handlers(trainer)
+        if self._saved is None:
+            return
+        if getattr(trainer.train_dataloader, "num_workers", 0) > 0 and train_data_fetcher(trainer) is not None:
+            # Lightning created the loader's iterator before restoring its loop from the checkpoint
+            # (to count the steps for the schedule), and the workers have already prefetched epoch 0's
+            # first indices (Lightning #21938). Start it again, from the restored position.
+            iter(train_data_fetcher(trainer))
+        if not trainer.fit_loop.restarted_mid_epoch:
+            return
+        loader = trainer.train_dataloader
+        sampler = getattr(loader, "sampler", None)
+        if not (isinstance(sampler, ResumesFromLoop) or isinstance(loader, ResumesFromLoop)):
+            raise InterfaceError(
+                "Exact mid-epoch resume needs a training loader that continues from the Trainer's position: a"
+                " lightning_template.engine.sampling.EpochSampler (make_loader uses one) or the streaming"
+                " datamodules' loader;"
+                f" got a {type(loader).__name__} with a {type(sampler).__name__}. Resume from an epoch-end checkpoint"
+                " instead."
+            )
+        self._check_same_batches(trainer)
+        # Lightning warns that a loader without state_dict cannot resume mid-epoch; this one continues exactly.
+        self._warnings = warnings.catch_warnings()
+        self._warnings.__enter__()
+        warnings.filterwarnings("ignore", "You're resuming from a checkpoint that ended before", PossibleUserWarning)
+        done = trainer.fit_loop.epoch_loop.batch_progress.current.processed
+        self._seed_batch(trainer, done)
+        rank_zero_info(f"ExactResume: continuing epoch {trainer.current_epoch} after {done} batches.")
+
+    def _check_same_batches(self, trainer: Trainer) -> None:
+        """Mid-epoch, the batches already trained are skipped: that needs the same batches."""
+        saved = self._saved or {}
+        loader = trainer.train_dataloader
+        now = {"batch_size": loader.batch_size, "world_size": trainer.world_size, "num_workers": loader.num_workers}
+        changed = {k: (saved[k], v) for k, v in now.items() if k in saved and saved[k] != v}
+        if changed:
+            what = ", ".join(f"{k} {old} -> {new}" for k, (old, new) in changed.items())
+            raise ConfigError(
+                f"The checkpoint was written in the middle of an epoch with other batches ({what}): the samples"
+                " already trained cannot be skipped exactly. Resume with the original --data.batch_size,"
+                " --trainer.devices/num_nodes (and --data.num_workers for streamed data), or from a checkpoint"
+                " written at the end of an epoch."
+            )
+
+    # -- one random stream per (seed, epoch, batch, rank) ---------------------------------------
+    @staticmethod
+    def _seed_batch(trainer: Trainer, batch: int) -> None:
+        seed_all(derive_seed(global_seed(), trainer.current_epoch, batch, trainer.global_rank))
+
+    def on_train_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._seed_batch(trainer, 0)
+
+    def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, *args: Any) -> None:
+        # Seeded here, not at batch start: the next batch is augmented on the device before that hook runs.
+        self._seed_batch(trainer, trainer.fit_loop.epoch_loop.batch_progress.current.processed)
+        if closes_accumulation_window(trainer):
+            self._stop_if_requested(trainer)
+
+    def on_validation_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if trainer.state.fn == TrainerFn.FITTING and not trainer.sanity_checking:  # validation inside an epoch
+            self._seed_batch(trainer, trainer.fit_loop.epoch_loop.batch_progress.current.processed)
+
+    def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._stop_if_requested(trainer)
+
+    # -- graceful stop -----------------------------------------------------------------------
+    def _install_signal_handlers(self, trainer: Trainer) -> None:
+        # Replaces Lightning's SIGTERM handler for the run: a stop is decided at a step boundary. On
+        # SLURM with auto-requeue, also its requeue signal (SIGUSR1): Lightning's handler would save the
+        # checkpoint wherever the signal lands, inside a step and at a different step on each rank.
+        self._stop_requested, self._requeue_signal = False, None  # a request stops the run it came in, no later one
+        if threading.current_thread() is not threading.main_thread():
+            return
+        self._previous_handlers = {
+            signal.SIGTERM: signal.signal(signal.SIGTERM, self._request_stop),
+            signal.SIGINT: signal.signal(signal.SIGINT, self._graceful_sigint),
+        }
+        environment = cluster_environment(trainer)
+        if isinstance(environment, SLURMEnvironment) and environment.auto_requeue and environment.requeue_signal:
+            requeue = environment.requeue_signal
+            self._previous_handlers[requeue] = signal.signal(requeue, self._request_requeue)
+            self._requeue_installed = True
+
+    def _restore_signal_handlers(self) -> None:
+        for signum, handler in self._previous_handlers.items():
+            signal.signal(signum, handler)
+        self._previous_handlers = {}
+
+    def _graceful_sigint(self, signum: int, frame: Any) -> None:
+        rank_zero_info("Ctrl-C: stopping at the next step boundary and saving a checkpoint (press again to abort).")
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    def _request_stop(self, signum: int, frame: Any) -> None:
+        self._stop_requested = True  # no collective call inside a signal handler: decided at the boundary
+
+    def _request_requeue(self, signum: int, frame: Any) -> None:
+        self._requeue_signal = signum
+
+    def _stop_if_requested(self, trainer: Trainer) -> None:
+        requested, requeue = self._stop_requested, self._requeue_signal is not None
+        if trainer.world_size > 1:  # every rank stops at the same step if any rank was asked to
+            requested = trainer.strategy.reduce_boolean_decision(requested, all=False)
+            if self._requeue_installed:  # a second collective only where SLURM can ask for a requeue
+                requeue = trainer.strategy.reduce_boolean_decision(requeue, all=False)
+        if requeue:
+            # Lightning's own requeue, at this step boundary on every rank: hpc_ckpt_<n>.ckpt in
+            # default_root_dir (the requeued job resumes from it), then `scontrol requeue` from rank 0.
+            rank_zero_info(f"SLURM requeue signal: saving and requeueing after optimizer step {trainer.global_step}.")
+            requeue_slurm_job(trainer, self._requeue_signal or signal.SIGUSR1)
+        if requested or requeue:
+            rank_zero_info(f"Stopping after optimizer step {trainer.global_step} (SIGTERM, Ctrl-C or requeue).")
+            stop_after_this_step(trainer)  # Lightning raises SIGTERMException next
+
+    def _restore(self) -> None:
+        self._restore_signal_handlers()
+        if self._warnings is not None:
+            self._warnings.__exit__(None, None, None)
+            self._warnings = None
+
+    def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._restore()
+
+    def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
+        self._restore()

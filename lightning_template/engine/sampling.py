@@ -1,0 +1,187 @@
+"""Samplers and loaders that make runs reproducible, resumable and exact under DDP.
+
+The samplers are `DistributedSampler`s, so Lightning uses them as they are instead of
+injecting its own.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import Callable, Iterator, Sized
+from typing import Any, TypeVar
+
+import torch
+from lightning import Trainer
+from lightning.pytorch.trainer.states import TrainerFn
+from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler, get_worker_info
+
+T = TypeVar("T")
+
+
+def world(trainer: Trainer | None) -> tuple[int, int]:
+    """(world size, rank) of the run, (1, 0) outside a Trainer."""
+    return (trainer.world_size, trainer.global_rank) if trainer is not None else (1, 0)
+
+
+def global_seed() -> int:
+    """The seed `seed_everything` was called with (train.py's --seed_everything)."""
+    return int(os.environ.get("PL_GLOBAL_SEED", 0))
+
+
+def derive_seed(*parts: int) -> int:
+    """A seed for (seed, epoch, rank, sample, ...): independent streams, the same on every machine."""
+    digest = hashlib.blake2b(repr(parts).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") >> 1
+
+
+def seeded_sample(get_item: Callable[[int], T], index: int | tuple[int, int]) -> T:
+    """`get_item(index)`, with torch's generator seeded by the sample's own seed if the sampler gave one.
+
+    Random transforms in DataLoader workers then depend on (seed, epoch, sample) alone: not on
+    the number of workers, on which worker got the sample, or on where a resumed run restarted.
+    """
+    if not isinstance(index, tuple):
+        return get_item(index)
+    sample, seed = index
+    if get_worker_info() is not None:  # a worker process: its generator serves these samples alone
+        torch.default_generator.manual_seed(seed)
+        return get_item(sample)
+    with torch.random.fork_rng(devices=[]):  # the main process (num_workers=0): training's own stream is kept
+        # The CPU generator only (what fork_rng restores): torch.manual_seed would also reseed CUDA's, and costs
+        # a stack trace per sample while CUDA is not initialized (every DataLoader worker).
+        torch.default_generator.manual_seed(seed)
+        return get_item(sample)
+
+
+class ResumesFromLoop:
+    """The contract of a resumable training sampler or loader: each time iteration starts, it continues from the
+    Trainer's fit-loop position (`fit_position(self.trainer)`), so a run resumed in the middle of an epoch skips
+    exactly the batches it already trained. `ExactResume` refuses a mid-epoch resume through anything else.
+
+    Implemented by `EpochSampler` (every map-style datamodule, through `make_loader`) and by the streaming
+    extra's loader. Subclasses set `trainer` and, if their batches depend on the loader's worker count, say
+    so with `worker_dependent = True` (a resume with another count is then refused)."""
+
+    trainer: Trainer | None
+    worker_dependent: bool = False
+
+
+def fit_position(trainer: Trainer | None) -> tuple[int, int] | None:
+    """(epoch, batches of it already trained) by the Trainer's fit loop, restored from a checkpoint
+    when resuming; None outside `fit`."""
+    if trainer is None or trainer.state.fn != TrainerFn.FITTING:
+        return None
+    epochs, batches = trainer.fit_loop.epoch_progress.current, trainer.fit_loop.epoch_loop.batch_progress.current
+    in_progress = epochs.started > epochs.processed  # else the batch counts are the finished epoch's
+    return epochs.processed, batches.processed if in_progress else 0
+
+
+class EpochSampler(DistributedSampler, ResumesFromLoop):
+    """A shuffle whose order is a function of (seed, epoch) alone, resumable in the middle of an epoch.
+
+    The epoch and the batches already trained in it are read from the Trainer's fit loop when
+    iteration starts, not from `set_epoch` (which Lightning calls only after the DataLoader's
+    workers have prefetched, Lightning #21938). A resumed run thus skips exactly the batches it
+    already trained, in the right epoch, provided the iterator is created after the loop was
+    restored: `lightning_template.engine.ExactResume` starts it again at train start when workers prefetched
+    earlier. Under DDP each rank gets its own shard of the same permutation.
+    """
+
+    def __init__(
+        self,
+        dataset: Sized,
+        batch_size: int,
+        trainer: Trainer | None = None,
+        seed: int = 0,
+        sample_seeds: bool = False,
+        shard: tuple[int, int] | None = None,
+    ) -> None:
+        """`shard`: (world size, rank), by default the trainer's."""
+        world_size, rank = shard or world(trainer)
+        super().__init__(dataset, num_replicas=world_size, rank=rank, shuffle=True, seed=seed)  # type: ignore[arg-type]
+        self.batch_size, self.trainer, self.sample_seeds = batch_size, trainer, sample_seeds
+
+    def position(self) -> tuple[int, int]:
+        """(epoch, batches of it already trained)."""
+        return fit_position(self.trainer) or (self.epoch, 0)
+
+    def epoch_indices(self, epoch: int) -> list[int]:
+        self.set_epoch(epoch)
+        return list(super().__iter__())
+
+    def __iter__(self) -> Iterator[Any]:
+        epoch, batches_done = self.position()
+        indices = self.epoch_indices(epoch)[batches_done * self.batch_size :]
+        if self.sample_seeds:
+            return iter([(i, derive_seed(self.seed, epoch, i)) for i in indices])
+        return iter(indices)
+
+
+class EvalShardSampler(DistributedSampler):
+    """Rank r evaluates samples r, r + world, r + 2 world, ...: every sample exactly once.
+
+    Lightning's default pads the shards with repeated samples so all ranks get the
+    same count, which skews validation and test metrics slightly; torchmetrics
+    syncs counts across ranks, so unequal shards are exact.
+    """
+
+    def __init__(self, dataset: Sized, num_replicas: int, rank: int) -> None:
+        super().__init__(dataset, num_replicas=num_replicas, rank=rank, shuffle=False)  # type: ignore[arg-type]
+        self.num_samples = len(range(rank, len(dataset), num_replicas))
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(range(self.rank, len(self.dataset), self.num_replicas))  # type: ignore[arg-type]
+
+
+def make_loader(
+    dataset: Dataset,
+    trainer: Trainer | None,
+    shuffle: bool,
+    batch_size: int,
+    collate_fn: Callable[[Any], Any] | None = None,
+    num_workers: int = 0,
+    pin_memory: bool = False,
+    sampler: Sampler | None = None,
+    sample_seeds: bool = False,
+) -> DataLoader:
+    """A DataLoader with our samplers (or `sampler`): `EpochSampler` to train, `EvalShardSampler` under DDP.
+
+    `sample_seeds`: the training sampler hands each sample its own seed (see `seeded_sample`),
+    for datasets that augment in workers. The loader's worker seeds come from its own seeded
+    generator, never from the global one that `lightning_template.engine.ExactResume` reserves for the step.
+    """
+    world_size, rank = world(trainer)
+    if sampler is None and shuffle:
+        sampler = EpochSampler(dataset, batch_size, trainer, global_seed(), sample_seeds)  # type: ignore[arg-type]
+    elif sampler is None and world_size > 1:
+        sampler = EvalShardSampler(dataset, world_size, rank)  # type: ignore[arg-type]
+    return DataLoader(
+        dataset,
+        batch_size=batch_size,
+        sampler=sampler,
+        generator=torch.Generator().manual_seed(derive_seed(global_seed(), rank)),
+        collate_fn=collate_fn,
+        num_workers=num_workers,
+        pin_memory=pin_memory,
+        persistent_workers=num_workers > 0,
+    )
+
+
+class SplitLoaders:
+    """The four `*_dataloader` hooks of a LightningDataModule, from one `loader(split, shuffle)`."""
+
+    def loader(self, split: str, shuffle: bool) -> DataLoader:
+        raise NotImplementedError
+
+    def train_dataloader(self) -> DataLoader:
+        return self.loader("train", shuffle=True)
+
+    def val_dataloader(self) -> DataLoader:
+        return self.loader("val", shuffle=False)
+
+    def test_dataloader(self) -> DataLoader:
+        return self.loader("test", shuffle=False)
+
+    def predict_dataloader(self) -> DataLoader:
+        return self.loader("predict", shuffle=False)

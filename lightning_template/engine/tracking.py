@@ -1,0 +1,219 @@
+"""One seam between the template and the experiment trackers (TensorBoard, CSV, MLflow, W&B).
+
+- `log_image` / `log_table`: images and tables reach every configured logger, each in its own
+  way (TensorBoard images and text, MLflow artifacts, W&B media and tables, PNG/CSV files next
+  to a CSVLogger's metrics.csv).
+- `run_dir`: the run's own folder (where its checkpoints/ and config.yaml go), for any logger.
+- `CheckpointFacts` (checkpoint_facts.py): each checkpoint remembers which tracker run wrote it, so `--ckpt_path`
+  continues that run (same TensorBoard version folder, MLflow run id, W&B run id).
+- `SaveConfigToRun`: config.yaml into the run's folder, and into the tracker as an artifact.
+"""
+
+from __future__ import annotations
+
+import importlib
+import secrets
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from lightning import LightningModule, Trainer
+from lightning.pytorch.cli import SaveConfigCallback
+from lightning.pytorch.loggers import CSVLogger, Logger, MLFlowLogger, TensorBoardLogger, WandbLogger
+from torchvision.utils import save_image
+
+from lightning_template.engine.errors import MissingPackageError
+
+# Per logger class: the argument that groups runs (the job's name goes there) and the one naming a run.
+EXPERIMENT_ARG = {
+    "TensorBoardLogger": "name",
+    "CSVLogger": "name",
+    "MLFlowLogger": "experiment_name",
+    "WandbLogger": "project",
+}
+RUN_ARG = {"TensorBoardLogger": "version", "CSVLogger": "version", "MLFlowLogger": "run_id", "WandbLogger": "id"}
+CHECKPOINT_KEY = "tracker_runs"
+
+
+def logger_type(logger_config: Any) -> str:
+    """`TensorBoardLogger` for a parsed `--trainer.logger` ({class_path, init_args}); "" for none."""
+    return str(getattr(logger_config, "class_path", "")).rpartition(".")[2]
+
+
+def _hwc_uint8(image: torch.Tensor) -> Any:
+    return (image.clamp(0, 1) * 255).round().to(torch.uint8).permute(1, 2, 0).cpu().numpy()
+
+
+def log_image(trainer: Trainer, key: str, image: torch.Tensor, step: int) -> None:
+    """A [C, H, W] image in 0..1 to every logger of the run (rank 0 only)."""
+    if not trainer.is_global_zero:
+        return
+    for logger in trainer.loggers:
+        if isinstance(logger, TensorBoardLogger):
+            logger.experiment.add_image(key, image, step)
+        elif isinstance(logger, MLFlowLogger):
+            logger.experiment.log_image(logger.run_id, _hwc_uint8(image), artifact_file=f"{key}/step_{step:07d}.png")
+        elif isinstance(logger, WandbLogger):
+            logger.log_image(key=key, images=[_hwc_uint8(image)], step=step)
+        elif logger.log_dir:
+            path = Path(logger.log_dir) / "images" / key / f"step_{step:07d}.png"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            save_image(image, path)
+
+
+def log_table(trainer: Trainer, key: str, columns: list[str], rows: list[list[Any]], step: int) -> None:
+    """A table to every logger of the run (rank 0 only)."""
+    if not trainer.is_global_zero:
+        return
+    markdown = "\n".join(
+        ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+        + ["| " + " | ".join(map(str, row)) + " |" for row in rows]
+    )
+    for logger in trainer.loggers:
+        if isinstance(logger, TensorBoardLogger):
+            logger.experiment.add_text(key, markdown, step)
+        elif isinstance(logger, MLFlowLogger):
+            logger.experiment.log_text(logger.run_id, markdown, f"{key}/step_{step:07d}.md")
+        elif isinstance(logger, WandbLogger):
+            logger.log_text(key=key, columns=columns, data=[list(map(str, row)) for row in rows], step=step)
+        elif logger.log_dir:
+            path = Path(logger.log_dir) / "tables" / key / f"step_{step:07d}.csv"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text("\n".join(",".join(map(str, line)) for line in [columns, *rows]) + "\n")
+
+
+def run_dir(trainer: Trainer) -> Path:
+    """The run's folder, where Lightning puts its checkpoints/ (for any logger, as ModelCheckpoint does)."""
+    if not trainer.loggers:
+        return Path(trainer.default_root_dir)
+    logger = trainer.loggers[0]
+    if isinstance(logger, (TensorBoardLogger, CSVLogger)):
+        return Path(logger.log_dir)
+    root = logger.save_dir or trainer.default_root_dir
+    return Path(root) / str(logger.name) / str(logger.version)
+
+
+def run_id(logger: Logger) -> str:
+    """What names the run to its logger: the version folder (TensorBoard, CSV) or the tracker's run id."""
+    if isinstance(logger, (TensorBoardLogger, CSVLogger)):
+        return Path(logger.log_dir).name  # `version_3`, as the `version` argument takes it back
+    return str(logger.version)
+
+
+def tracker_runs_of(trainer: Trainer) -> dict[str, str]:
+    return {type(lg).__name__: run_id(lg) for lg in trainer.loggers}
+
+
+def tracker_runs(checkpoint_path: str) -> dict[str, str]:
+    """The {logger class: run id} a checkpoint was written by (empty for older checkpoints)."""
+    checkpoint = torch.load(checkpoint_path, map_location="cpu", weights_only=True, mmap=True)
+    return dict(checkpoint.get(CHECKPOINT_KEY, {}))
+
+
+TRACKER_PACKAGES = {"MLFlowLogger": ("mlflow", "mlflow"), "WandbLogger": ("wandb", "wandb")}  # module, extra
+
+
+def check_tracker_installed(logger_class: str) -> None:
+    """Before anything is built: the tracker's package, or the command that installs it."""
+    if logger_class not in TRACKER_PACKAGES:
+        return
+    module, extra = TRACKER_PACKAGES[logger_class]
+    try:
+        importlib.import_module(module)
+    except ImportError:
+        raise MissingPackageError(
+            f"--trainer.logger {logger_class} needs the `{module}` package: pip install -e '.[{extra}]'"
+            " (or choose another logger preset in configs/presets/)."
+        ) from None
+
+
+FOLDER_LOGGERS = {"TensorBoardLogger", "CSVLogger"}  # a run is a version folder, whichever of them wrote it
+
+
+def can_continue(logger_class: str, runs: dict[str, str]) -> bool:
+    """Whether a run written by the loggers `runs` can be continued with `logger_class`."""
+    if logger_class in FOLDER_LOGGERS:
+        return not runs or bool(FOLDER_LOGGERS & runs.keys())  # no record: written before runs were recorded
+    return logger_class in runs
+
+
+def experiment_dir(logger_class: str, init_args: Any, default_root_dir: str | None) -> Path | None:
+    """Where this experiment's run folders are (`<dir>/<run>/checkpoints/`), without starting a run."""
+    name = init_args.get(EXPERIMENT_ARG.get(logger_class, "name"))
+    if logger_class in FOLDER_LOGGERS:
+        return Path(init_args.save_dir) / (name or "lightning_logs")
+    if logger_class == "WandbLogger":
+        return Path(init_args.get("save_dir") or default_root_dir or ".") / (name or "lightning_logs")
+    root = Path(default_root_dir or ".")  # MLflow keeps checkpoints outside its store
+    if logger_class == "MLFlowLogger":
+        import mlflow
+
+        experiment = mlflow.MlflowClient(init_args.get("tracking_uri")).get_experiment_by_name(name)
+        return None if experiment is None else root / experiment.experiment_id
+    return None
+
+
+class SaveConfigToRun(SaveConfigCallback):
+    """config.yaml in the run's folder for every logger, and as a tracker artifact where there is one."""
+
+    def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        if self.already_saved:
+            return
+        logger = trainer.logger
+        if logger is not None and not isinstance(logger, (TensorBoardLogger, CSVLogger)):
+            # trainer.log_dir would be one folder shared by every MLflow/W&B run: write to the run's own.
+            self.save_to_log_dir = False
+            if trainer.is_global_zero:
+                folder = run_dir(trainer)
+                folder.mkdir(parents=True, exist_ok=True)
+                self.config_path = folder / self.config_filename
+                self.parser.save(self.config, str(self.config_path), skip_none=False, overwrite=True)
+        else:
+            self.config_path = Path(trainer.log_dir or ".") / self.config_filename
+        super().setup(trainer, pl_module, stage)
+
+    def save_config(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        path = getattr(self, "config_path", None)
+        if path is None or not path.is_file():
+            return
+        for logger in trainer.loggers:
+            _log_artifact(logger, path)
+
+
+def _log_artifact(logger: Logger, path: Path) -> None:
+    if isinstance(logger, MLFlowLogger):
+        logger.experiment.log_artifact(logger.run_id, str(path))
+    elif isinstance(logger, WandbLogger):
+        logger.experiment.save(str(path), base_path=str(path.parent), policy="now")
+
+
+def name_new_run(logger_class: str, init_args: Any) -> None:
+    """MLflow draws a run's name from Python's `random`, which the run's seed has fixed: every run of a job would
+    get the same name. A new run without a name gets its start time, and 4 hex digits for runs started together."""
+    if logger_class == "MLFlowLogger" and not init_args.get("run_name"):
+        init_args.run_name = f"{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
+
+
+def run_location(logger: Logger | None) -> str | None:
+    """Where the run went, and the command (or address) that shows it, in one line."""
+    if isinstance(logger, TensorBoardLogger):
+        return f"TensorBoard logs: tensorboard --logdir {logger.log_dir}"
+    if isinstance(logger, MLFlowLogger):
+        client = logger.experiment
+        run = client.get_run(logger.run_id)
+        uri = client.tracking_uri
+        experiment = client.get_experiment(run.info.experiment_id).name
+        where = f"MLflow run {run.info.run_name} ({run.info.run_id}) in experiment {experiment}"
+        if uri.startswith(("http://", "https://")):
+            return f"{where}: {uri.rstrip('/')}/#/experiments/{run.info.experiment_id}/runs/{run.info.run_id}"
+        # The UI is in the full `mlflow` package; the `mlflow` extra has only the client (mlflow-skinny).
+        return f"{where}: mlflow ui --backend-store-uri {uri}  (needs pip install -e '.[mlflow-ui]')"
+    if isinstance(logger, WandbLogger):
+        run = logger.experiment
+        if run.offline:
+            return f"W&B offline run {run.id}: wandb sync {Path(run.dir).parent}"
+        return f"W&B run {run.id}: {run.url}"
+    if logger is not None and logger.log_dir:
+        return f"logs ({type(logger).__name__}): {logger.log_dir}"
+    return None

@@ -1,0 +1,1 @@
+"""callbacks of the classification task (exported by lightning_template.tasks.classification)."""

@@ -1,0 +1,1 @@
+"""data of the classification task (exported by lightning_template.tasks.classification)."""
