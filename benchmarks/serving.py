@@ -32,6 +32,7 @@ import requests
 import torch
 from PIL import Image
 
+from lightning_template.engine.checkpoint import RunCheckpoint
 from lightning_template.engine.cli import ROOT, TemplateCLI
 from lightning_template.serving.launch import background_server
 from lightning_template.tasks.classification.data.idx import read_idx
@@ -60,12 +61,14 @@ def predict_throughput(job: str, checkpoint: Path, workdir: Path) -> float:
     data = []  # the text datamodule predicts a file, with the checkpoint's vocabulary
     if job != "simple_cnn":
         data = [f"--data.predict_file={ROOT / 'data/fortunes/test.jsonl'}"]
-        data += [f"--data.state_from_checkpoint={checkpoint}"]
     cli = TemplateCLI(
         args=[*JOBS[job], "--trainer.enable_progress_bar=false", "--trainer.logger=false",
               f"--predictions.output_file={workdir}/p.csv", *data, "--data.batch_size=128"],
         run=False,
     )  # fmt: skip
+    state = RunCheckpoint.read(checkpoint).datamodule_state(type(cli.datamodule).__qualname__)
+    if state is not None:
+        cli.datamodule.load_state_dict(state)
     seconds = []
     for _ in range(2):
         start = time.perf_counter()

@@ -118,6 +118,37 @@ def run_cli(*args: str, cwd: Path, timeout: float = 300, script: str = "train.py
     return result
 
 
+def train_process(
+    args: list[str], cwd: Path, expect: int = 0, env: dict[str, str] | None = None, timeout: float = 600
+) -> subprocess.CompletedProcess:
+    """`train.py <args>` in a fresh process in `cwd`, which must exit with `expect` (143: stopped by SIGTERM)."""
+    cwd.mkdir(parents=True, exist_ok=True)
+    environment = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "train.py"), *args], cwd=cwd, env=environment, capture_output=True, text=True,
+        timeout=timeout,
+    )  # fmt: skip
+    assert done.returncode == expect, (
+        f"exit {done.returncode}, expected {expect}\n{done.stdout[-2000:]}{done.stderr[-4000:]}"
+    )
+    return done
+
+
+def sigterm_at(epoch: int, batch: int, rank: int | None = None) -> list[str]:
+    """Flags that send this run a real SIGTERM after batch `batch` of epoch `epoch` (under DDP to rank `rank`)."""
+    flags = [
+        "--trainer.callbacks+=tests.helpers.SignalAtBatch", f"--trainer.callbacks.epoch={epoch}",
+        f"--trainer.callbacks.batch={batch}", f"--trainer.callbacks.signum={int(signal.SIGTERM)}",
+    ]  # fmt: skip
+    return flags + ([f"--trainer.callbacks.rank={rank}"] if rank is not None else [])
+
+
+def last_checkpoint(workdir: Path) -> dict:
+    """The last.ckpt of the one run in `workdir`'s logs."""
+    (path,) = workdir.glob("logs/*/version_*/checkpoints/last.ckpt")
+    return torch.load(path, weights_only=True)
+
+
 ONE_EPOCH = [*QUICK, "--trainer.max_epochs=1", "--test_after_fit=false"]
 
 

@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 import torch
-from lightning.pytorch.callbacks import RichModelSummary, RichProgressBar
+from lightning.pytorch.callbacks import RichProgressBar
 
 from lightning_template.engine import ExactResume, ResumeCheckpoint
 from lightning_template.engine.cli import TemplateCLI, main, template_error
-from lightning_template.engine.console import EpochLines
+from lightning_template.engine.console import EpochLines, ParameterSummary
 from lightning_template.engine.errors import ConfigError
 from lightning_template.tasks.classification import FashionMNISTDataModule, SimpleCNN
 from tests.conftest import QUICK, ROOT
@@ -117,7 +117,7 @@ def test_rich_in_a_terminal_and_epoch_lines_elsewhere(terminal: bool, monkeypatc
     monkeypatch.setattr(sys.stdout, "isatty", lambda: terminal)
     trainer = TemplateCLI(args=[*JOB], run=False).trainer
     assert type(trainer.progress_bar_callback) is (RichProgressBar if terminal else EpochLines)
-    assert any(type(c) is RichModelSummary for c in trainer.callbacks)  # a static table, in a log file too
+    assert any(type(c) is ParameterSummary for c in trainer.callbacks)  # a static table, in a log file too
     quiet = TemplateCLI(args=[*JOB, "--trainer.enable_progress_bar=false"], run=False).trainer
     assert quiet.progress_bar_callback is None  # no clash with Lightning's switch
 

@@ -10,18 +10,15 @@ from __future__ import annotations
 
 import pickle
 import signal
-import subprocess
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
 
 from lightning_template.tasks.classification import ResNetClassifier
 from lightning_template.tasks.classification.data.idx import read_idx
-from tests.conftest import ROOT, save_random_weights
+from tests.conftest import ROOT, last_checkpoint, save_random_weights, sigterm_at, train_process
 from tests.helpers import same_state
 
 JOBS = sorted(p.stem for p in (ROOT / "configs").glob("*.yaml") if p.stem != "defaults")
@@ -116,30 +113,15 @@ def _flags(case: Case, inputs: dict[str, Path], request: pytest.FixtureRequest) 
     return flags
 
 
-def _train(args: list[str], cwd: Path, expect: int = 0) -> subprocess.CompletedProcess:
-    cwd.mkdir(parents=True, exist_ok=True)
-    done = subprocess.run(
-        [sys.executable, str(ROOT / "train.py"), *args], cwd=cwd, capture_output=True, text=True, timeout=600
-    )
-    assert done.returncode == expect, f"exit {done.returncode}, expected {expect}\n{done.stderr[-4000:]}"
-    return done
-
-
 @pytest.mark.parametrize("case", [pytest.param(c, marks=_marks(c), id=c.id) for c in CASES])
 def test_a_job_stopped_by_sigterm_resumes_exactly_with_ckpt_path_last(
     case: Case, tmp_path: Path, offline_inputs: dict[str, Path], request: pytest.FixtureRequest
 ) -> None:
     args = [*case.args(), *_flags(case, offline_inputs, request)]
-    epoch, batch = case.stop_at
-    stop = [
-        "--trainer.callbacks+=tests.helpers.SignalAtBatch", f"--trainer.callbacks.epoch={epoch}",
-        f"--trainer.callbacks.batch={batch}", f"--trainer.callbacks.signum={int(signal.SIGTERM)}",
-    ]  # fmt: skip
-    _train(args, tmp_path / "full")
-    stopped = _train([*args, *stop], tmp_path / "cut", expect=128 + signal.SIGTERM)
+    train_process(args, tmp_path / "full")
+    stopped = train_process([*args, *sigterm_at(*case.stop_at)], tmp_path / "cut", expect=128 + signal.SIGTERM)
     assert "Stopping after optimizer step" in stopped.stdout + stopped.stderr
-    _train([*args, "--ckpt_path=last"], tmp_path / "cut")
-    last = lambda d: torch.load(next(d.glob("logs/*/version_0/checkpoints/last.ckpt")), weights_only=True)  # noqa: E731
-    full, resumed = last(tmp_path / "full"), last(tmp_path / "cut")
+    train_process([*args, "--ckpt_path=last"], tmp_path / "cut")
+    full, resumed = last_checkpoint(tmp_path / "full"), last_checkpoint(tmp_path / "cut")
     assert resumed["global_step"] == full["global_step"] > 0
     assert same_state(full["state_dict"], resumed["state_dict"]), f"{case.id}: weights differ after the resume"

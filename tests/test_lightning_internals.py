@@ -9,6 +9,7 @@ import lightning
 import pytest
 from lightning import Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint, WeightAveraging
+from lightning.pytorch.cli import LightningCLI
 
 from lightning_template.engine import lightning_internals
 
@@ -18,6 +19,7 @@ def owner(name: str) -> object:
         "trainer": lambda: Trainer(logger=False, enable_progress_bar=False, enable_model_summary=False),
         "ModelCheckpoint": ModelCheckpoint,
         "WeightAveraging": WeightAveraging,
+        "LightningCLI": lambda: LightningCLI,
     }[name]()
 
 

@@ -143,14 +143,14 @@ def test_vocabulary_and_labels_survive_a_checkpoint(tmp_path: Path, fortunes_dir
     dm = TextClassificationDataModule(train_file=str(fortunes_dir / "train.jsonl"), batch_size=16)
     model = TransformerClassifier(num_classes=dm.num_classes, vocab_size=dm.vocab_size, dim=32, depth=1)
     quick_trainer(callbacks=[ModelCheckpoint(dirpath=tmp_path)], limit_train_batches=3).fit(model, datamodule=dm)
-    checkpoint = str(next(tmp_path.glob("*.ckpt")))
-    restored = TextClassificationDataModule(state_from_checkpoint=checkpoint)
+    state = torch.load(next(tmp_path.glob("*.ckpt")), weights_only=True)["TextClassificationDataModule"]
+    restored = TextClassificationDataModule()
+    restored.load_state_dict(state)  # as train.py does when given --ckpt_path, before the model is built
     assert restored.tokenizer.vocab == dm.tokenizer.vocab and restored.class_names == ["computers", "food", "startrek"]
     text = "Star Trek's captain ate the computer"
     assert restored.tokenizer.encode(text, 20) == dm.tokenizer.encode(text, 20)
     # Resuming `fit`: the training files give the data, the checkpoint the vocabulary.
-    resumed = TextClassificationDataModule(
-        train_file=str(fortunes_dir / "train.jsonl"), state_from_checkpoint=checkpoint
-    )
+    resumed = TextClassificationDataModule(train_file=str(fortunes_dir / "train.jsonl"))
+    resumed.load_state_dict(state)
     resumed.setup("fit")
     assert resumed.tokenizer.vocab == dm.tokenizer.vocab and len(resumed.splits["val"]) == len(dm.held_out_records)

@@ -6,8 +6,8 @@ every argument of their `__init__` becomes a flag, documented by `--help`.
 
 `configs/defaults.yaml` is read first, by every command: the logger, the best-epoch
 checkpoint and early stopping are defined there once, so a job config holds only its
-model, its data and what differs. What exact resume depends on is not configuration:
-this CLI installs it in every run (`installed_callbacks`).
+model, its data and what differs. What every run needs whatever its model — exact resume, the NaN guard,
+the check of monitored metrics — is not configuration: this CLI installs it in every run (`installed_callbacks`).
 """
 
 from __future__ import annotations
@@ -19,29 +19,34 @@ import os
 import re
 import signal
 import sys
-import zipfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NoReturn
 
-from lightning.pytorch.callbacks import EarlyStopping, LearningRateMonitor, ModelCheckpoint, ProgressBar
-from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
+from lightning import LightningDataModule
+from lightning.pytorch.callbacks import (
+    EarlyStopping,
+    LearningRateMonitor,
+    ModelCheckpoint,
+    ModelSummary,
+    ProgressBar,
+)
+from lightning.pytorch.cli import LightningArgumentParser
 from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
-import lightning_template.tasks.classification  # noqa: F401  (registers the models and datamodules)
-from lightning_template.engine import (
-    CheckpointFacts,
-    CSVPredictionWriter,
-    ExactResume,
-    FiniteLossGuard,
-    ProcessGroupTeardown,
-    ResumeCheckpoint,
-)
-from lightning_template.engine.console import progress_bar
+from lightning_template.engine.checkpoint import RunCheckpoint
+from lightning_template.engine.checkpoint_facts import CheckpointFacts
+from lightning_template.engine.console import ParameterSummary, progress_bar, quiet_library_noise
 from lightning_template.engine.errors import ConfigError, MissingFileError, TemplateError
+from lightning_template.engine.finite_loss import FiniteLossGuard
+from lightning_template.engine.lightning_internals import CLIHooks, add_datamodule_hook, subcommand_parser
+from lightning_template.engine.monitor import BestCheckpoint, MonitoredMetrics
 from lightning_template.engine.optim import check_run_length
+from lightning_template.engine.predictions import CSVPredictionWriter
+from lightning_template.engine.process_group import ProcessGroupTeardown
+from lightning_template.engine.resume import ExactResume, ResumeCheckpoint
 from lightning_template.engine.tracking import (
     EXPERIMENT_ARG,
     RUN_ARG,
@@ -52,43 +57,39 @@ from lightning_template.engine.tracking import (
     logger_type,
     name_new_run,
     run_location,
-    tracker_runs,
 )
-from lightning_template.tasks.classification import AugmentedBatchImages, ConfusionMatrixImage, TwoStageFinetuning
-from lightning_template.tasks.classification.data.contract import CHECKPOINT_STATE_ARG, MODEL_LINKS
 
 ROOT = Path(__file__).resolve().parents[2]  # the project: configs/ and the scripts
 DEFAULTS = ROOT / "configs" / "defaults.yaml"
 SUBCOMMANDS = ("fit", "validate", "test", "predict")
+TASKS = "lightning_template.tasks"  # its subpackages' classes can be named without their module
+# Facts about the data, stated once by the datamodule and passed to the model's argument of the same name (when
+# both have it): `num_classes` is never typed twice. Add your datamodule's facts here.
+DATA_FACTS = ("num_classes", "input_shape", "vocab_size", "pad_id", "max_length")
 
 
 def installed_callbacks() -> list[Any]:
-    """In every run: exact resume with its last.ckpt, the input spec for serving, a stop at NaN, a clean exit of DDP
-    processes, learning rates and images in the logs."""
+    """In every run, whatever the model and data: exact resume with its last.ckpt, the tracker run in each
+    checkpoint, a stop at NaN, a check that monitored metrics are logged, a clean exit of DDP processes,
+    learning rates in the logs, and the console's progress."""
     return [
         ExactResume(),
         ProcessGroupTeardown(),
         ResumeCheckpoint(),
         CheckpointFacts(),
         FiniteLossGuard(),
+        MonitoredMetrics(),
         LearningRateMonitor(logging_interval="step"),
-        AugmentedBatchImages(),
-        ConfusionMatrixImage(),
+        ParameterSummary(),
         progress_bar(),
     ]
 
 
-def _check_checkpoint_file(path: Path) -> None:
-    """Fail before building anything if --ckpt_path cannot be a checkpoint."""
-    if not path.is_file():
-        raise MissingFileError(
-            f"--ckpt_path {path}: no such file. Checkpoints are in logs/<name>/version_*/checkpoints/."
-        )
-    if not zipfile.is_zipfile(path):  # torch.save writes a zip archive; a cut-off file has no central directory
-        raise ConfigError(
-            f"--ckpt_path {path}: not a readable PyTorch checkpoint (truncated or corrupt)."
-            " Use another one, e.g. the best-epoch checkpoint next to it."
-        )
+def import_tasks() -> None:
+    """Import every task package, so that their classes can be named by class name alone (`--model SimpleCNN`)."""
+    package = importlib.import_module(TASKS)
+    for task in sorted(p.name for p in Path(package.__file__).parent.iterdir() if (p / "__init__.py").is_file()):
+        importlib.import_module(f"{TASKS}.{task}")
 
 
 def is_subclass(class_path: str, base: type) -> bool:
@@ -150,8 +151,10 @@ class TemplateParser(LightningArgumentParser):
         self.exit(2)
 
 
-class TemplateCLI(LightningCLI):
+class TemplateCLI(CLIHooks):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
+        import_tasks()
+        quiet_library_noise()
         # default_env: every option can also be set from the environment, e.g. PL_FIT__TRAINER__MAX_EPOCHS=3.
         defaults = {"default_config_files": [str(DEFAULTS)], "default_env": True}
         parser_kwargs = kwargs.setdefault("parser_kwargs", {})
@@ -167,14 +170,14 @@ class TemplateCLI(LightningCLI):
         kwargs.setdefault("save_config_kwargs", {"overwrite": True})  # a rerun in the same folder may rewrite it
         # The model builds its optimizer (`--model.optimizer`, named param groups): no top-level --optimizer.
         kwargs.setdefault("auto_configure_optimizers", False)
+        self.run_checkpoint: RunCheckpoint | None = None
         super().__init__(*args, **kwargs)
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
-        # Facts about the data are given once, by the datamodule (tasks/classification/data/contract.py). Links
-        # whose source or target a class lacks are skipped (image data has no vocabulary).
-        for name in MODEL_LINKS:
+        # Links whose source or target a class lacks are skipped (image data has no vocabulary).
+        for name in DATA_FACTS:
             parser.link_arguments(f"data.{name}", f"model.init_args.{name}", apply_on="instantiate")
-        parser.add_lightning_class_args(ModelCheckpoint, "checkpoint")  # the best epoch; see configs/defaults.yaml
+        parser.add_lightning_class_args(BestCheckpoint, "checkpoint")  # the best epoch; see configs/defaults.yaml
         parser.add_lightning_class_args(EarlyStopping, "early_stopping")
         parser.add_lightning_class_args(CSVPredictionWriter, "predictions")
         parser.add_argument(
@@ -195,7 +198,6 @@ class TemplateCLI(LightningCLI):
     def parse_arguments(self, parser: LightningArgumentParser, args: Any) -> None:
         self._given = [str(a) for a in (sys.argv[1:] if args is None else args if isinstance(args, list) else [])]
         super().parse_arguments(parser, args)
-        # Before LightningCLI reads the checkpoint's hyperparameters (right after parsing).
         subcommand = self.config.get("subcommand")
         config = self.config[subcommand] if subcommand else self.config
         logger = config.trainer.get("logger")
@@ -210,85 +212,102 @@ class TemplateCLI(LightningCLI):
         if model_args is not None and "schedule" in model_args:
             trainer = config.trainer
             check_run_length(model_args.schedule, trainer.get("max_epochs"), trainer.get("max_steps"))
-        if config.get("ckpt_path") == "last":
-            self._resolve_last_checkpoint(config, subcommand)
-        checkpoint = config.get("ckpt_path")
-        if not checkpoint:
-            return
-        if checkpoint in {"best", "last", "hpc"}:
-            return
-        _check_checkpoint_file(Path(checkpoint))
-        data_args = getattr(config.get("data"), "init_args", None)
-        if data_args is not None and CHECKPOINT_STATE_ARG in data_args:
-            # What the checkpoint was trained with (a vocabulary), not one rebuilt from today's files.
-            data_args[CHECKPOINT_STATE_ARG] = data_args[CHECKPOINT_STATE_ARG] or checkpoint
+        self.run_checkpoint = self._resolve_checkpoint(config, subcommand)
 
-    def _parse_ckpt_path(self) -> None:
-        """LightningCLI builds the model from the checkpoint's hyper-parameters, class included, over the config and
-        the flags: refuse a checkpoint of another model, and `--model.*` flags whose values it would replace."""
-        subcommand = self.config.get("subcommand")
-        config = self.config[subcommand] if subcommand else self.config
-        before = config.get("model")
-        before = before.clone() if before is not None else None
-        super()._parse_ckpt_path()
-        config = self.config[subcommand] if subcommand else self.config
-        after, checkpoint = config.get("model"), config.get("ckpt_path")
-        if before is None or after is None or not checkpoint:
-            return
-        if before.class_path != after.class_path:
-            raise ConfigError(
-                f"--ckpt_path {checkpoint} is a checkpoint of {after.class_path}, but this config's model is"
-                f" {before.class_path}. Use the config of the run that wrote it, or start a new run from its weights"
-                f" with --model.weights {checkpoint}."
-            )
-        old, new = _leaves(before.get("init_args")), _leaves(after.get("init_args"))
-        changed = [
-            f"{flag} {old[key]!r} (checkpoint: {new.get(key)!r})"
-            for flag, prefix in _model_flags(self._given)
-            for key in old
-            if (key == prefix or key.startswith(f"{prefix}.")) and old[key] != new.get(key)
-        ]
-        if changed:
-            raise ConfigError(
-                f"--ckpt_path {checkpoint}: the model is built with the checkpoint's hyper-parameters, which differ"
-                f" from {', '.join(changed)}. Drop these flags, or start a new run from its weights with"
-                f" --model.weights {checkpoint}."
-            )
-        if Path(checkpoint).is_file() and after.init_args.get("weights"):
-            # The checkpoint's weights replace them anyway: do not read (or download) them again.
-            after.init_args.weights = None
+    def _resolve_checkpoint(self, config: Any, subcommand: str | None) -> RunCheckpoint | None:
+        """The run's checkpoint, read once: `--ckpt_path <file>`, or `last` (the newest last.ckpt of this
+        experiment). Resuming `fit` from `last` continues the tracker run that wrote it."""
+        path = config.get("ckpt_path")
+        if not path or path in {"best", "hpc"}:
+            return None
+        if path != "last":
+            return RunCheckpoint.read(path)
+        found = self._last_checkpoint(config, subcommand)
+        if found is None:
+            config.ckpt_path = None
+            return None
+        config.ckpt_path = str(found.path)
+        logger = config.trainer.get("logger")
+        logger_class = logger_type(logger)
+        if subcommand == "fit" and logger_class in RUN_ARG:
+            run_id = found.tracker_runs.get(logger_class) or found.path.parent.parent.name
+            logger.init_args[RUN_ARG[logger_class]] = run_id
+        rank_zero_info(f"Resuming from {config.ckpt_path}")
+        return found
 
     @staticmethod
-    def _resolve_last_checkpoint(config: Any, subcommand: str | None) -> None:
-        """`--ckpt_path last`: the newest last.ckpt of this experiment, across its runs.
+    def _last_checkpoint(config: Any, subcommand: str | None) -> RunCheckpoint | None:
+        """`--ckpt_path last`: the newest last.ckpt of this experiment, across its runs, that this logger can continue.
 
-        Lightning alone only looks in the new run's own (empty) folder and would silently
-        start from scratch. When resuming `fit`, the logger is pointed at the resumed run
-        (TensorBoard/CSV version folder, MLflow run id, W&B run id), so curves, checkpoints
-        and the tracker's run continue where they were.
+        Lightning alone only looks in the new run's own (empty) folder and would silently start from scratch.
         """
         logger = config.trainer.get("logger")
         init_args = getattr(logger, "init_args", None)
         logger_class = logger_type(logger)
         folder = None if init_args is None else experiment_dir(logger_class, init_args, config.trainer.default_root_dir)
         if folder is None:
+            return None
+        for path in sorted(folder.glob("*/checkpoints/last.ckpt"), key=lambda p: p.stat().st_mtime, reverse=True):
+            record = RunCheckpoint.read(path)
+            if can_continue(logger_class, record.tracker_runs):
+                return record
+        if subcommand != "fit":
+            raise MissingFileError(f"--ckpt_path last: no {folder}/*/checkpoints/last.ckpt found.")
+        rank_zero_warn(f"--ckpt_path last: nothing to resume in {folder}; starting from scratch.")
+        return None
+
+    def apply_checkpoint(self) -> None:
+        """The model is built with the checkpoint's class and hyper-parameters, over the config: refuse a checkpoint
+        of another model, and model settings given on top of the job (flags, stacked configs, the environment)
+        that it would replace."""
+        record = self.run_checkpoint
+        subcommand = self.config.get("subcommand")
+        if record is None or not subcommand or not record.hyper_parameters:
             return
-        candidates = [
-            path
-            for path in sorted(folder.glob("*/checkpoints/last.ckpt"), key=lambda p: p.stat().st_mtime)
-            if can_continue(logger_class, tracker_runs(str(path)))
-        ]
-        if not candidates:
-            if subcommand != "fit":
-                raise MissingFileError(f"--ckpt_path last: no {folder}/*/checkpoints/last.ckpt found.")
-            rank_zero_warn(f"--ckpt_path last: nothing to resume in {folder}; starting from scratch.")
-            config.ckpt_path = None
+        config = self.config[subcommand]
+        before = config.get("model")
+        if before is None:
             return
-        config.ckpt_path = str(candidates[-1])
-        if subcommand == "fit" and logger_class in RUN_ARG:
-            run_id = tracker_runs(config.ckpt_path).get(logger_class) or candidates[-1].parent.parent.name
-            init_args[RUN_ARG[logger_class]] = run_id
-        rank_zero_info(f"Resuming from {config.ckpt_path}")
+        explicit = self._explicit_model_settings(subcommand)
+        before = before.clone()
+        self.config = self.parser.parse_object({subcommand: {"model": model_config(record)}}, self.config)
+        after = self.config[subcommand].get("model")
+        if before.class_path != after.class_path:
+            raise ConfigError(
+                f"--ckpt_path {record.path} is a checkpoint of {after.class_path}, but this config's model is"
+                f" {before.class_path}. Use the config of the run that wrote it, or start a new run from its weights"
+                f" with --model.weights {record.path}."
+            )
+        old, new = _leaves(before.get("init_args")), _leaves(after.get("init_args"))
+        changed = [f"{key} {old[key]!r} (checkpoint: {new.get(key)!r})" for key in explicit if old[key] != new.get(key)]
+        if changed:
+            raise ConfigError(
+                f"--ckpt_path {record.path}: the model is built with the checkpoint's hyper-parameters, which differ"
+                f" from model.{', model.'.join(changed)} given by a flag, a stacked config or the environment. Drop"
+                f" them, or start a new run from its weights with --model.weights {record.path}."
+            )
+        if after.init_args.get("weights"):  # the checkpoint's weights replace them: not read (or downloaded) again
+            after.init_args.weights = None
+
+    def _explicit_model_settings(self, subcommand: str) -> list[str]:
+        """The model settings that this command sets on top of its job config (the first config file outside
+        presets/) and configs/defaults.yaml: by flags, by stacked configs or by the environment."""
+        config = self.config[subcommand]
+        job = [str(p) for p in config.get("config") or [] if Path(str(p)).parent.name != "presets"][:1]
+        if not self._given:  # given a parsed config (multirun, tune): it is the job
+            return []
+        parser = subcommand_parser(self, subcommand)
+        default_env, parser.default_env = parser.default_env, False
+        try:
+            base = parser.parse_args([f"--config={c}" for c in job]) if job else parser.get_defaults()
+        finally:
+            parser.default_env = default_env
+        now, job_values = _leaves(config.model.get("init_args")), _leaves(getattr(base.get("model"), "init_args", None))
+        same_class = getattr(base.get("model"), "class_path", None) == config.model.class_path
+        return [
+            key for key in now
+            if key != "weights" and (not same_class or key not in job_values or job_values[key] != now[key])
+        ]  # fmt: skip
 
     def before_instantiate_classes(self) -> None:
         subcommand = self.config.get("subcommand")
@@ -303,15 +322,34 @@ class TemplateCLI(LightningCLI):
         classes = [getattr(c, "class_path", "") for c in configured]
         if config.trainer.get("enable_progress_bar") is False or any(is_subclass(c, ProgressBar) for c in classes):
             callbacks = [c for c in callbacks if not isinstance(c, ProgressBar)]  # Lightning allows one, or none
+        if config.trainer.get("enable_model_summary") is False or any(is_subclass(c, ModelSummary) for c in classes):
+            callbacks = [c for c in callbacks if not isinstance(c, ModelSummary)]
         self.trainer_defaults["callbacks"] = callbacks
-        # Stacked configs (a preset on a job) may each bring a TwoStageFinetuning: the later one replaces the
-        # earlier, as a later config's value does (two would both unfreeze the backbone).
-        unfreezing = [c for c, path in zip(configured, classes, strict=True) if is_subclass(path, TwoStageFinetuning)]
-        for replaced in unfreezing[:-1]:
-            configured.remove(replaced)
-            rank_zero_info(
-                f"TwoStageFinetuning {dict(unfreezing[-1].get('init_args') or {})} replaces the earlier"
-                f" {dict(replaced.get('init_args') or {})} (the later config wins)."
+        _keep_the_last_of_each_single_callback(configured)
+        checkpoint = config.get("checkpoint")
+        if checkpoint is not None and checkpoint.get("monitor") and not checkpoint.get("filename"):
+            checkpoint.filename = BestCheckpoint.filename_for(checkpoint.monitor)
+        add_datamodule_hook(self, self._restore_datamodule)
+
+    def _restore_datamodule(self, datamodule: LightningDataModule) -> None:
+        """A datamodule that learns something from its files (a vocabulary) gets what the checkpoint was trained
+        with, before the model is built from it: evaluating or predicting then needs no training files."""
+        record = self.run_checkpoint
+        state = None if record is None else record.datamodule_state(type(datamodule).__qualname__)
+        if state is not None:
+            datamodule.load_state_dict(state)
+
+    def after_instantiate_classes(self) -> None:
+        record = self.run_checkpoint
+        if record is None or self.model is None:
+            return
+        mismatched = record.mismatched_shapes(self.model.state_dict())
+        if mismatched:  # a model built for other data (linked facts such as input_shape or num_classes)
+            facts = {k: v for k, v in record.hyper_parameters.items() if k in DATA_FACTS}
+            raise ConfigError(
+                f"--ckpt_path {record.path} does not fit the model built for this data ({len(mismatched)} tensors):"
+                f" {'; '.join(mismatched[:3])}. The checkpoint was trained on data with {facts}: use that data"
+                f" (its config), or start a new run from its weights with --model.weights {record.path}."
             )
 
     def before_predict(self) -> None:
@@ -325,6 +363,8 @@ class TemplateCLI(LightningCLI):
         if self.trainer.is_global_zero:
             for logger in self.trainer.loggers:
                 _ = logger.version
+        # The check of monitored metrics looks at each validation before early stopping and checkpoints use it.
+        self.trainer.callbacks.sort(key=lambda callback: not isinstance(callback, MonitoredMetrics))
 
     def after_fit(self) -> None:
         trainer = self.trainer
@@ -337,6 +377,10 @@ class TemplateCLI(LightningCLI):
         last = next((c.best_model_path for c in trainer.checkpoint_callbacks if isinstance(c, ResumeCheckpoint)), "")
         if last:
             lines.append(f"last checkpoint: {last}")
+        stopped = next((c for c in trainer.early_stopping_callbacks if c.stopped_epoch > 0), None)
+        if stopped is not None:
+            lines.insert(0, f"early stopping: {stopped.monitor} did not improve for {stopped.wait_count} validations;"
+                            f" stopped after epoch {stopped.stopped_epoch + 1} of {trainer.max_epochs}")  # fmt: skip
         if self.config.fit.test_after_fit:
             trainer.test(self.model, datamodule=self.datamodule, ckpt_path=best.best_model_path if best else None)
         if not trainer.is_global_zero:
@@ -344,8 +388,8 @@ class TemplateCLI(LightningCLI):
         logger = trainer.logger
         if location := run_location(logger):
             lines.append(location)
-        if "test_acc" in trainer.callback_metrics:
-            lines.append(f"test accuracy: {trainer.callback_metrics['test_acc']:.4f}")
+        tested = {k: float(v) for k, v in sorted(trainer.callback_metrics.items()) if k.startswith("test_")}
+        lines += [f"test accuracy: {v:.4f}" if k == "test_acc" else f"{k}: {v:.4f}" for k, v in tested.items()]
         final = {f"final/{k}": float(v) for k, v in trainer.callback_metrics.items() if k.startswith(("val_", "test_"))}
         if isinstance(logger, TensorBoardLogger):  # the HPARAMS tab: this run's settings next to its results
             logger.log_hyperparams(self.model.hparams, final)
@@ -356,6 +400,38 @@ class TemplateCLI(LightningCLI):
         print("\n".join(lines), flush=True)
 
 
+def _keep_the_last_of_each_single_callback(configured: list[Any]) -> None:
+    """Stacked configs (a preset on a job) may each bring a callback of a class that allows one per run (it says
+    so with `single_per_run = True`, e.g. TwoStageFinetuning): the later replaces the earlier, as a later config's
+    value does."""
+    by_class: dict[str, list[Any]] = {}
+    for callback in configured:
+        path = getattr(callback, "class_path", "")
+        module, _, name = path.rpartition(".")
+        try:
+            single = getattr(getattr(importlib.import_module(module), name), "single_per_run", False)
+        except (ImportError, AttributeError, ValueError):
+            single = False
+        if single:
+            by_class.setdefault(path, []).append(callback)
+    for path, callbacks in by_class.items():
+        for replaced in callbacks[:-1]:
+            configured.remove(replaced)
+            rank_zero_info(
+                f"{path.rpartition('.')[2]} {dict(callbacks[-1].get('init_args') or {})} replaces the earlier"
+                f" {dict(replaced.get('init_args') or {})} (the later config wins)."
+            )
+
+
+def model_config(record: RunCheckpoint) -> dict[str, Any]:
+    """The model's config as the checkpoint's hyper-parameters give it ({class_path, init_args}), as LightningCLI
+    reads them from a checkpoint."""
+    hparams = {k: v for k, v in record.hyper_parameters.items() if k not in ("_instantiator", "_class_path")}
+    if record.model_class:
+        return {"class_path": record.model_class, "dict_kwargs": hparams}
+    return hparams
+
+
 def _setting(key: str) -> str:
     """A model setting's key without jsonargparse's `init_args`: `optimizer.init_args.lr` -> `optimizer.lr`."""
     return ".".join(part for part in key.split(".") if part != "init_args")
@@ -363,14 +439,6 @@ def _setting(key: str) -> str:
 
 def _leaves(namespace: Any) -> dict[str, Any]:
     return {_setting(key): value for key, value in (namespace.items() if namespace is not None else [])}
-
-
-def _model_flags(args: list[str]) -> list[tuple[str, str]]:
-    """The `--model.<key>` flags on the command line, with their setting ("optimizer.lr"); not --model.weights,
-    which a checkpoint replaces by design."""
-    flags = [arg.partition("=")[0] for arg in args if arg.startswith("--model.")]
-    settings = [(flag, _setting(flag.removeprefix("--model."))) for flag in flags]
-    return [(flag, key) for flag, key in settings if key != "weights"]
 
 
 def template_error(error: BaseException) -> TemplateError | None:

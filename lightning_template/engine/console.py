@@ -7,12 +7,16 @@ metrics once, when the epoch (and its validation) is over.
 
 from __future__ import annotations
 
+import logging
 import sys
 import time
+import warnings
 from typing import Any
 
 from lightning import LightningModule, Trainer
-from lightning.pytorch.callbacks import ProgressBar, RichProgressBar
+from lightning.pytorch.callbacks import ModelSummary, ProgressBar, RichProgressBar
+
+from lightning_template.engine.lightning_internals import format_summary_table
 
 
 class EpochLines(ProgressBar):
@@ -60,6 +64,60 @@ class EpochLines(ProgressBar):
         print(f"epoch {trainer.current_epoch + 1}{total}  {shown}  ({elapsed:.1f} s)", flush=True)
 
 
+class ParameterSummary(ModelSummary):
+    """Lightning's model summary, without the FLOPs column when Lightning counted none (it counts them only for a
+    model with an `example_input_array`, and shows 0 for every layer otherwise)."""
+
+    @staticmethod
+    def summarize(
+        summary_data: list[tuple[str, list[str]]],
+        total_parameters: int,
+        trainable_parameters: int,
+        model_size: float,
+        total_training_modes: dict[str, int],
+        total_flops: int,
+        **summarize_kwargs: Any,
+    ) -> None:
+        columns = summary_data if total_flops else [column for column in summary_data if column[0] != "FLOPs"]
+        table = format_summary_table(
+            total_parameters, trainable_parameters, model_size, total_training_modes, total_flops, *columns
+        )
+        if not total_flops:
+            table = table.rpartition("\n")[0]  # its last line, "0 Total Flops"
+        logging.getLogger("lightning.pytorch.callbacks.model_summary").info("\n" + table)
+
+
 def progress_bar(stream: Any = None) -> ProgressBar:
     """Rich's progress bar when `stream` (stdout) is a terminal, else `EpochLines`."""
     return RichProgressBar() if (stream or sys.stdout).isatty() else EpochLines()
+
+
+# Lines of libraries that are not the project's or the user's: an advertisement, and messages about Lightning's own
+# steps. Each filter names the logger or module it comes from and the message, so nothing else is hidden.
+LIGHTNING_LINES = (
+    "💡 Tip:",  # advertisements for hosted services
+    "Loading `train_dataloader` to estimate number of stepping batches.",  # the schedule's step count, not news
+    "Trainer already configured with model summary callbacks",  # ours, below
+    "An SIGTERMException was raised with message:",  # a stop asked for: ExactResume says where it stopped
+)
+LIBRARY_WARNINGS = (
+    # torch deprecated LeafSpec, which Lightning's own pytree helper still uses: nothing the user wrote calls it.
+    (r"`isinstance\(treespec, LeafSpec\)` is deprecated", FutureWarning, r"lightning\.pytorch\.utilities\._pytree"),
+)
+
+
+class _DropLines(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith(LIGHTNING_LINES)
+
+
+def quiet_library_noise() -> None:
+    """Drop the lines of LIGHTNING_LINES from Lightning's console log and the warnings of LIBRARY_WARNINGS raised
+    inside those libraries (each filter once per process)."""
+    lightning = logging.getLogger("lightning.pytorch")
+    if not any(isinstance(f, _DropLines) for f in lightning.filters):
+        lightning.addFilter(_DropLines())
+        for name in ("lightning.pytorch.utilities.rank_zero", "lightning.fabric.utilities.rank_zero"):
+            logging.getLogger(name).addFilter(_DropLines())
+    for message, category, module in LIBRARY_WARNINGS:
+        warnings.filterwarnings("ignore", message=message, category=category, module=module)

@@ -7,16 +7,20 @@ one a new Lightning release moved, so an upgrade is a matter of editing this fil
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
-from lightning import Trainer
+from lightning import LightningDataModule, Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, _InstantiatorFn
+from lightning.pytorch.utilities.model_summary.model_summary import _format_summary_table
 
 # (owner, dotted attribute): what the functions below read or call.
 USED = (
     ("trainer", "fit_loop.epoch_loop._should_accumulate"),
     ("trainer", "fit_loop._data_fetcher"),
     ("trainer", "fit_loop._combined_loader"),
+    ("trainer", "fit_loop._data_source"),
     ("trainer", "_accelerator_connector.cluster_environment"),
     ("trainer", "_signal_connector.received_sigterm"),
     ("trainer", "_signal_connector._slurm_sigusr_handler_fn"),
@@ -27,6 +31,8 @@ USED = (
     ("ModelCheckpoint", "_save_topk_checkpoint"),
     ("ModelCheckpoint", "_monitor_candidates"),
     ("WeightAveraging", "_average_model"),
+    ("LightningCLI", "_parse_ckpt_path"),
+    ("LightningCLI", "_parser"),
 )
 
 
@@ -80,3 +86,46 @@ def save_now(callback: ModelCheckpoint, trainer: Trainer) -> None:
 def averaged_model(callback: Any) -> Any:
     """The running average of a WeightAveraging callback (None before its first update)."""
     return callback._average_model
+
+
+def wrap_train_loader(trainer: Trainer, wrap: Callable[[Any], Any]) -> None:
+    """Pass the training loader(s) that the module, the datamodule or `fit(train_dataloaders=...)` gives through
+    `wrap`, where Lightning requests them (so Lightning records their arguments, as for its own samplers)."""
+    source = trainer.fit_loop._data_source
+    original = source.__dict__.get("unwrapped_dataloader", source.dataloader)  # once, however many fits
+    source.unwrapped_dataloader = original
+    source.dataloader = lambda: wrap(original())
+
+
+class CLIHooks(LightningCLI):
+    """LightningCLI's private step that the template replaces, under a public name: `apply_checkpoint`, where
+    LightningCLI would read `--ckpt_path`'s hyper-parameters into the model's config (once more)."""
+
+    def _parse_ckpt_path(self) -> None:
+        self.apply_checkpoint()
+
+    def apply_checkpoint(self) -> None:
+        super()._parse_ckpt_path()
+
+
+def subcommand_parser(cli: LightningCLI, subcommand: str) -> LightningArgumentParser:
+    """The parser of one subcommand (`fit`, `validate`, ...)."""
+    return cli._parser(subcommand)
+
+
+def add_datamodule_hook(cli: LightningCLI, after: Callable[[LightningDataModule], None]) -> None:
+    """Call `after(datamodule)` right after LightningCLI builds the datamodule (with its own instantiator, which
+    records the config as the datamodule's hyper-parameters), before the links read its attributes into the model."""
+    lightning = _InstantiatorFn(cli=cli, key="data")
+
+    def instantiate(class_type: type, *args: Any, applied_instantiation_links: dict, **kwargs: Any) -> Any:
+        datamodule = lightning(class_type, *args, applied_instantiation_links=applied_instantiation_links, **kwargs)
+        after(datamodule)
+        return datamodule
+
+    cli.parser.add_instantiator(instantiate, LightningDataModule, subclasses=True, prepend=True)
+
+
+def format_summary_table(*args: Any) -> str:
+    """The text table of Lightning's ModelSummary callback, from the same arguments as its `summarize`."""
+    return _format_summary_table(*args)

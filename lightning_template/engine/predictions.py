@@ -1,4 +1,13 @@
-"""Writes `predict` results as CSV: the input, the predicted class name, and every class probability."""
+"""`train.py predict` writes its results to one CSV file (`--predictions.output_file`), for any LightningModule.
+
+A row per sample. The module says what a row holds by defining
+
+    def prediction_rows(self, outputs, indices: list[int]) -> list[dict[str, Any]]:
+
+(`outputs`: what `predict_step` returned for the batch; `indices`: the samples' positions in the predict
+dataset); the first row's keys are the columns. A module without it gets one `output_<i>` column per value of
+each sample's output (a tensor of [batch, ...], flattened per sample).
+"""
 
 from __future__ import annotations
 
@@ -11,7 +20,20 @@ from lightning import LightningModule, Trainer
 from lightning.pytorch.callbacks import BasePredictionWriter
 
 from lightning_template.engine.errors import InterfaceError
-from lightning_template.tasks.classification.data.contract import ClassificationData
+
+
+def default_rows(outputs: Any, indices: list[int]) -> list[dict[str, Any]]:
+    """One row per sample of a [batch, ...] tensor: its values, flattened."""
+    if not isinstance(outputs, torch.Tensor) or outputs.dim() == 0:
+        raise InterfaceError(
+            f"predict_step returned {type(outputs).__name__}; give the module a `prediction_rows(outputs, indices)`"
+            " method that turns it into one dict per sample (lightning_template/engine/predictions.py)."
+        )
+    values = outputs.detach().float().cpu().flatten(1) if outputs.dim() > 1 else outputs.detach().float().cpu()[:, None]
+    return [
+        {"index": index, **{f"output_{i}": f"{v:.6g}" for i, v in enumerate(row)}}
+        for index, row in zip(indices, values.tolist(), strict=True)
+    ]
 
 
 class CSVPredictionWriter(BasePredictionWriter):
@@ -26,38 +48,32 @@ class CSVPredictionWriter(BasePredictionWriter):
         self._file: Any = None
 
     def on_predict_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        datamodule = trainer.datamodule
-        if not isinstance(datamodule, ClassificationData):
-            raise InterfaceError(
-                "CSVPredictionWriter needs a datamodule with the ClassificationData interface (data/contract.py)"
-                f" (num_classes, class_names, predict_inputs()); got {type(datamodule).__name__}."
-            )
         path = self.output_file
         if trainer.world_size > 1:
             path = path.with_suffix(f".rank{trainer.global_rank}{path.suffix}")
         path.parent.mkdir(parents=True, exist_ok=True)
         self._file = open(path, "w", newline="", encoding="utf-8")  # noqa: SIM115 (closed in on_predict_end)
-        self._writer = csv.writer(self._file)
-        self._writer.writerow(["input", "prediction", "probability", *(f"p_{name}" for name in datamodule.class_names)])
+        self._writer = None  # its columns come with the first rows
 
     def write_on_batch_end(
         self,
         trainer: Trainer,
         pl_module: LightningModule,
-        prediction: torch.Tensor,
+        prediction: Any,
         batch_indices: list[int] | None,
         batch: Any,
         batch_idx: int,
         dataloader_idx: int,
     ) -> None:
-        datamodule = trainer.datamodule
-        probabilities = prediction.float().cpu()
-        confidence, predicted = probabilities.max(dim=-1)
-        inputs = datamodule.predict_inputs(batch_indices)
-        for text, label, p, row in zip(
-            inputs, predicted.tolist(), confidence.tolist(), probabilities.tolist(), strict=True
-        ):
-            self._writer.writerow([text, datamodule.class_names[label], f"{p:.6f}", *(f"{v:.6f}" for v in row)])
+        indices = list(batch_indices) if batch_indices is not None else []
+        to_rows = getattr(pl_module, "prediction_rows", default_rows)
+        rows = to_rows(prediction, indices)
+        if not rows:
+            return
+        if self._writer is None:
+            self._writer = csv.DictWriter(self._file, fieldnames=list(rows[0]))
+            self._writer.writeheader()
+        self._writer.writerows(rows)
 
     def on_predict_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         if self._file is not None:

@@ -1,13 +1,14 @@
 """Bit-exact resume, from a checkpoint written at an epoch end, at a step, at a mid-epoch
 validation, or on SIGTERM / Ctrl-C in the middle of an epoch; on one process or under DDP.
 
-What a resumed run must reproduce, and how:
+For any LightningModule and LightningDataModule. What a resumed run must reproduce, and how:
 - the order of samples: the samplers in `lightning_template/engine/sampling.py` derive it from
-  (seed, epoch) and skip the batches Lightning's restored loop says are done;
+  (seed, epoch) and skip the batches Lightning's restored loop says are done; a plain `DataLoader` the
+  model or datamodule returns (shuffled or not, any batch size, workers) gets one (`resumable_loader`);
 - random numbers of the training step (dropout, on-device augmentation): every batch
   draws from a generator seeded by (seed, epoch, batch, rank), so there is no generator
-  state to save, and each DDP rank has its own stream; worker-side augmentation is
-  seeded per sample (`lightning_template.engine.sampling.seeded_sample`);
+  state to save, and each DDP rank has its own stream; random transforms in a dataset's `__getitem__`
+  (in loader workers or not) are seeded per batch or sample (`SeededBatches`, `seeded_sample`);
 - model, optimizer, scheduler and loop state: Lightning's checkpoint.
 
 Stopping: SIGTERM (cluster pre-emption, `kill`) and the first Ctrl-C stop at the next
@@ -35,7 +36,7 @@ from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from lightning.pytorch.utilities.warnings import PossibleUserWarning
 
-from lightning_template.engine.errors import ConfigError, InterfaceError
+from lightning_template.engine.errors import ConfigError
 from lightning_template.engine.lightning_internals import (
     closes_accumulation_window,
     cluster_environment,
@@ -44,8 +45,9 @@ from lightning_template.engine.lightning_internals import (
     save_now,
     stop_after_this_step,
     train_data_fetcher,
+    wrap_train_loader,
 )
-from lightning_template.engine.sampling import ResumesFromLoop, derive_seed, global_seed
+from lightning_template.engine.sampling import ResumesFromLoop, derive_seed, global_seed, resumable_loader
 
 
 def seed_all(seed: int) -> None:
@@ -115,10 +117,19 @@ class ExactResume(Callback):
         self._requeue_signal: int | None = None  # SLURM's requeue signal, once received
         self._requeue_installed = False
         self._warnings: warnings.catch_warnings | None = None  # Lightning's warning silenced for this run
+        self._inexact: str | None = None  # why the training loader cannot continue mid-epoch, if it cannot
 
-    # -- checkpoint state: what the epoch consumed, to refuse a resume that cannot skip it exactly --
+    # -- the training loader: made to continue from the loop's position --------------------------
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         self._trainer = trainer
+        if stage == "fit":
+            wrap_train_loader(trainer, self._resumable)
+
+    def _resumable(self, loader: Any) -> Any:
+        loader, self._inexact = resumable_loader(loader, self._trainer)
+        return loader
+
+    # -- checkpoint state: what the epoch consumed, to refuse a resume that cannot skip it exactly --
 
     def state_dict(self) -> dict[str, Any]:
         trainer = self._trainer
@@ -139,6 +150,13 @@ class ExactResume(Callback):
 
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._install_signal_handlers(trainer)
+        if self._inexact and not trainer.fit_loop.restarted_mid_epoch:
+            rank_zero_warn(
+                f"ExactResume: {self._inexact}, which cannot continue from the middle of an epoch: a run stopped there"
+                " (SIGTERM, Ctrl-C, a step checkpoint) resumes with that epoch's data from its start, not exactly."
+                " Checkpoints written at epoch ends resume exactly. A map-style Dataset in a plain DataLoader"
+                " (shuffle=True or False) is resumed exactly."
+            )
         if self._saved is None:
             return
         if getattr(trainer.train_dataloader, "num_workers", 0) > 0 and train_data_fetcher(trainer) is not None:
@@ -148,23 +166,20 @@ class ExactResume(Callback):
             iter(train_data_fetcher(trainer))
         if not trainer.fit_loop.restarted_mid_epoch:
             return
-        loader = trainer.train_dataloader
-        sampler = getattr(loader, "sampler", None)
-        if not (isinstance(sampler, ResumesFromLoop) or isinstance(loader, ResumesFromLoop)):
-            raise InterfaceError(
-                "Exact mid-epoch resume needs a training loader that continues from the Trainer's position: a"
-                " lightning_template.engine.sampling.EpochSampler (make_loader uses one) or the streaming"
-                " datamodules' loader;"
-                f" got a {type(loader).__name__} with a {type(sampler).__name__}. Resume from an epoch-end checkpoint"
-                " instead."
-            )
-        self._check_same_batches(trainer)
-        # Lightning warns that a loader without state_dict cannot resume mid-epoch; this one continues exactly.
+        # Lightning warns that a loader without state_dict cannot resume mid-epoch: this one continues exactly,
+        # or the line below says what happens instead.
         self._warnings = warnings.catch_warnings()
         self._warnings.__enter__()
         warnings.filterwarnings("ignore", "You're resuming from a checkpoint that ended before", PossibleUserWarning)
         done = trainer.fit_loop.epoch_loop.batch_progress.current.processed
         self._seed_batch(trainer, done)
+        if self._inexact:
+            rank_zero_warn(
+                f"ExactResume: resuming epoch {trainer.current_epoch} after {done} batches, but {self._inexact}: it"
+                " starts the epoch's data again, so the rest of this epoch is not the run that was stopped."
+            )
+            return
+        self._check_same_batches(trainer)
         rank_zero_info(f"ExactResume: continuing epoch {trainer.current_epoch} after {done} batches.")
 
     def _check_same_batches(self, trainer: Trainer) -> None:
@@ -249,7 +264,10 @@ class ExactResume(Callback):
             rank_zero_info(f"SLURM requeue signal: saving and requeueing after optimizer step {trainer.global_step}.")
             requeue_slurm_job(trainer, self._requeue_signal or signal.SIGUSR1)
         if requested or requeue:
-            rank_zero_info(f"Stopping after optimizer step {trainer.global_step} (SIGTERM, Ctrl-C or requeue).")
+            rank_zero_info(
+                f"Stopping after optimizer step {trainer.global_step} (SIGTERM, Ctrl-C or requeue); last.ckpt keeps"
+                " it: the same command with --ckpt_path last continues."
+            )
             stop_after_this_step(trainer)  # Lightning raises SIGTERMException next
 
     def _restore(self) -> None:

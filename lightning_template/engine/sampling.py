@@ -6,15 +6,28 @@ injecting its own.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
+import random
 from collections.abc import Callable, Iterator, Sized
 from typing import Any, TypeVar
 
+import numpy as np
 import torch
 from lightning import Trainer
 from lightning.pytorch.trainer.states import TrainerFn
-from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler, get_worker_info
+from torch.utils.data import (
+    BatchSampler,
+    DataLoader,
+    Dataset,
+    DistributedSampler,
+    IterableDataset,
+    RandomSampler,
+    Sampler,
+    SequentialSampler,
+    get_worker_info,
+)
 
 T = TypeVar("T")
 
@@ -96,10 +109,11 @@ class EpochSampler(DistributedSampler, ResumesFromLoop):
         seed: int = 0,
         sample_seeds: bool = False,
         shard: tuple[int, int] | None = None,
+        shuffle: bool = True,
     ) -> None:
-        """`shard`: (world size, rank), by default the trainer's."""
+        """`shard`: (world size, rank), by default the trainer's. `shuffle=False`: the dataset's order (sharded)."""
         world_size, rank = shard or world(trainer)
-        super().__init__(dataset, num_replicas=world_size, rank=rank, shuffle=True, seed=seed)  # type: ignore[arg-type]
+        super().__init__(dataset, num_replicas=world_size, rank=rank, shuffle=shuffle, seed=seed)  # type: ignore[arg-type]
         self.batch_size, self.trainer, self.sample_seeds = batch_size, trainer, sample_seeds
 
     def position(self) -> tuple[int, int]:
@@ -116,6 +130,97 @@ class EpochSampler(DistributedSampler, ResumesFromLoop):
         if self.sample_seeds:
             return iter([(i, derive_seed(self.seed, epoch, i)) for i in indices])
         return iter(indices)
+
+
+@contextlib.contextmanager
+def random_state_of(seed: int) -> Iterator[None]:
+    """torch's CPU generator, Python's `random` and NumPy's global generator seeded by `seed` inside the block, and
+    as they were after it (the main process's own streams are not touched by data loading)."""
+    states = torch.random.get_rng_state(), random.getstate(), np.random.get_state()
+    torch.default_generator.manual_seed(seed)
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    try:
+        yield
+    finally:
+        torch.random.set_rng_state(states[0])
+        random.setstate(states[1])
+        np.random.set_state(states[2])
+
+
+class SeededBatches(Dataset):
+    """A map-style dataset whose batches are fetched with the random state of their first sample's seed.
+
+    Random transforms in `__getitem__` then depend on (seed, epoch, batch) alone: not on the number of loader
+    workers, on which worker fetched the batch, or on where a resumed run restarted. Its indices are the
+    (index, seed) pairs of an `EpochSampler(sample_seeds=True)`; every other attribute is the dataset's own.
+    """
+
+    def __init__(self, dataset: Dataset) -> None:
+        self.dataset = dataset
+
+    def __len__(self) -> int:
+        return len(self.dataset)  # type: ignore[arg-type]
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "dataset":  # not set yet (unpickling in a worker)
+            raise AttributeError(name)
+        return getattr(self.dataset, name)
+
+    def __getitem__(self, index: tuple[int, int]) -> Any:
+        return self.__getitems__([index])[0]
+
+    def __getitems__(self, indices: list[tuple[int, int]]) -> Any:
+        positions = [index for index, _ in indices]
+        with random_state_of(indices[0][1]):
+            if callable(getattr(self.dataset, "__getitems__", None)):
+                return self.dataset.__getitems__(positions)
+            return [self.dataset[i] for i in positions]
+
+
+def resumable_loader(loader: Any, trainer: Trainer) -> tuple[Any, str | None]:
+    """The training loader, made to continue exactly from the Trainer's position when it can be; and, when it
+    cannot, why (one line).
+
+    A `DataLoader` over a map-style dataset with a plain shuffled or sequential order (`shuffle=True/False`, any
+    batch size, `drop_last`, workers) is built again with the same settings, an `EpochSampler` (the same order
+    under DDP, each rank its shard) and `SeededBatches`. A loader that already continues by itself (a
+    `ResumesFromLoop` sampler or loader, or one with `state_dict`, which Lightning restores) is kept as it is.
+    """
+    if isinstance(loader, ResumesFromLoop) or isinstance(getattr(loader, "sampler", None), ResumesFromLoop):
+        return loader, None
+    if isinstance(getattr(loader, "batch_sampler", None), ResumesFromLoop):
+        return loader, None
+    if callable(getattr(loader, "state_dict", None)) and callable(getattr(loader, "load_state_dict", None)):
+        return loader, None
+    if not isinstance(loader, DataLoader):
+        return loader, f"the training loader is a {type(loader).__name__}, not one DataLoader"
+    if type(loader) is not DataLoader:
+        return loader, f"the training loader is a {type(loader).__name__} (a DataLoader subclass)"
+    if isinstance(loader.dataset, IterableDataset):
+        return loader, f"the training loader reads an IterableDataset ({type(loader.dataset).__name__})"
+    if loader.batch_size is None:
+        return loader, "the training loader does not batch (batch_size=None)"
+    plain = type(loader.sampler) in (RandomSampler, SequentialSampler) and type(loader.batch_sampler) is BatchSampler
+    if not plain or (isinstance(loader.sampler, RandomSampler) and loader.sampler.replacement):
+        what = type(loader.batch_sampler if type(loader.batch_sampler) is not BatchSampler else loader.sampler)
+        return loader, f"the training loader's order comes from a {what.__name__}"
+    rank = world(trainer)[1]
+    sampler = EpochSampler(
+        loader.dataset, loader.batch_size, trainer, global_seed(), sample_seeds=True,  # type: ignore[arg-type]
+        shuffle=isinstance(loader.sampler, RandomSampler),
+    )  # fmt: skip
+    workers = loader.num_workers
+    rebuilt = DataLoader(
+        SeededBatches(loader.dataset), batch_size=loader.batch_size, sampler=sampler, drop_last=loader.drop_last,
+        num_workers=workers, collate_fn=loader.collate_fn, pin_memory=loader.pin_memory, timeout=loader.timeout,
+        worker_init_fn=loader.worker_init_fn,
+        multiprocessing_context=loader.multiprocessing_context if workers else None,
+        generator=torch.Generator().manual_seed(derive_seed(global_seed(), rank)),
+        prefetch_factor=loader.prefetch_factor if workers else None, persistent_workers=loader.persistent_workers,
+        pin_memory_device=loader.pin_memory_device, in_order=loader.in_order,
+    )  # fmt: skip
+    return rebuilt, None
 
 
 class EvalShardSampler(DistributedSampler):

@@ -22,7 +22,7 @@ def test_export_of_images_round_trips(main_export: subprocess.CompletedProcess, 
 
 @pytest.mark.slow
 def test_the_documented_snippet_loads_the_exported_state_dict(main_export, main_run: Path) -> None:
-    start = "import json, torch\nfrom lightning_template import models\n"
+    start = "import json, torch\nfrom lightning_template.tasks import classification\n"
     snippet = start + (ROOT / "docs/tools.md").read_text().partition("```python\n" + start)[2].partition("```")[0]
     namespace: dict = {}
     exec(snippet.replace("exports/simple_cnn", str(main_run / "out")), namespace)

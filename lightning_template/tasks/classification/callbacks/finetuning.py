@@ -33,6 +33,8 @@ from lightning_template.engine.optim import WarmupSchedule, steps_per_epoch
 
 
 class TwoStageFinetuning(Callback):
+    single_per_run = True  # in stacked configs, a later one replaces an earlier one (engine/cli.py)
+
     def __init__(
         self,
         unfreeze_at_epoch: int | None = 5,

@@ -190,7 +190,6 @@ class TextClassificationDataModule(SplitLoaders, LightningDataModule):
         batch_size: int = 64,
         bucket_multiplier: int = 50,
         num_workers: int = 0,
-        state_from_checkpoint: str | None = None,
     ) -> None:
         """
         Args:
@@ -211,8 +210,6 @@ class TextClassificationDataModule(SplitLoaders, LightningDataModule):
             batch_size: Sequences per batch on each device.
             bucket_multiplier: Length-sorting window, in batches (1 = no bucketing).
             num_workers: DataLoader workers; 0 is fastest for in-memory token lists.
-            state_from_checkpoint: Take vocabulary and labels from this checkpoint instead of
-                train_file (set automatically from --ckpt_path by train.py).
         """
         super().__init__()
         self.save_hyperparameters()
@@ -223,11 +220,15 @@ class TextClassificationDataModule(SplitLoaders, LightningDataModule):
         if num_folds is not None and val_file is not None:
             raise ConfigError("data.num_folds takes the validation folds from train_file: remove --data.val_file.")
         self.max_length = max_length
+        self.max_vocab, self.min_freq = max_vocab, min_freq
         self.batch_size, self.bucket_multiplier, self.num_workers = batch_size, bucket_multiplier, num_workers
         self.splits: dict[str, EncodedTexts] = {}
         self.predict_texts: list[str] = []
         self.train_records: list[tuple[str, str | None]] = []
         self.held_out_records: list[tuple[str, str | None]] = []
+        # Vocabulary and labels: learned from the training records when first asked for (train.py links them into
+        # the model), or given by a checkpoint's `load_state_dict` before that (then no training file is needed).
+        self._learned: tuple[WordTokenizer, list[str]] | None = None
         if train_file is not None:
             self.train_records = read_records(Path(train_file), text_column, label_column)
             if val_file is None:  # held out before the vocabulary is built: no validation word may leak into it
@@ -235,15 +236,24 @@ class TextClassificationDataModule(SplitLoaders, LightningDataModule):
                 records = self.train_records
                 self.held_out_records = [r for i, r in enumerate(records) if i in held_out]
                 self.train_records = [r for i, r in enumerate(records) if i not in held_out]
-        # Vocabulary and labels are needed now: train.py links them into the model.
-        if state_from_checkpoint is not None:  # what the model was trained with, whatever the files say now
-            checkpoint = torch.load(state_from_checkpoint, map_location="cpu", weights_only=True)
-            self.load_state_dict(checkpoint[type(self).__qualname__])
-        elif self.train_records:
-            self.tokenizer = WordTokenizer.build([text for text, _ in self.train_records], max_vocab, min_freq)
-            self.class_names = sorted({label for _, label in self.train_records + self.held_out_records})
-        else:
-            raise ConfigError("TextClassificationDataModule needs --data.train_file (or --ckpt_path of a trained run).")
+
+    def _learn(self) -> tuple[WordTokenizer, list[str]]:
+        if self._learned is None:
+            if not self.train_records:
+                raise ConfigError(
+                    "TextClassificationDataModule needs --data.train_file (or --ckpt_path of a trained run)."
+                )
+            tokenizer = WordTokenizer.build([text for text, _ in self.train_records], self.max_vocab, self.min_freq)
+            self._learned = tokenizer, sorted({label for _, label in self.train_records + self.held_out_records})
+        return self._learned
+
+    @property
+    def tokenizer(self) -> WordTokenizer:
+        return self._learn()[0]
+
+    @property
+    def class_names(self) -> list[str]:
+        return self._learn()[1]
 
     def _held_out(self, num_folds: int | None, fold: int) -> set[int]:
         """Indices of train_file held out for validation: fold `fold`, or a seeded `val_fraction`."""
@@ -270,8 +280,7 @@ class TextClassificationDataModule(SplitLoaders, LightningDataModule):
         return {"vocab": self.tokenizer.vocab, "class_names": self.class_names, "max_length": self.max_length}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        self.tokenizer = WordTokenizer(state_dict["vocab"])
-        self.class_names = list(state_dict["class_names"])
+        self._learned = WordTokenizer(state_dict["vocab"]), list(state_dict["class_names"])
         self.max_length = state_dict["max_length"]
 
     def _encode(self, records: list[tuple[str, str | None]], source: str, with_labels: bool) -> EncodedTexts:

@@ -17,15 +17,19 @@ from pathlib import Path
 from typing import Any, Literal, TypedDict
 
 import torch
-from lightning import LightningModule
+from lightning import Callback, LightningModule
 from lightning.pytorch.cli import OptimizerCallable
 from lightning.pytorch.utilities import rank_zero_info
 from torch import nn
 from torchmetrics import MeanMetric
 from torchmetrics.classification import MulticlassAccuracy
 
+from lightning_template.engine.errors import InterfaceError
 from lightning_template.engine.lightning_internals import logs_this_step
 from lightning_template.engine.optim import ScheduleName, WarmupSchedule, check_run_length, steps_per_epoch
+from lightning_template.tasks.classification.callbacks.visual import AugmentedBatchImages, ConfusionMatrixImage
+from lightning_template.tasks.classification.data.contract import ClassificationData, ServableData
+from lightning_template.tasks.classification.input_spec import SPEC_KEY
 from lightning_template.tasks.classification.models.pretrained import load_pretrained, read_state_dict
 from lightning_template.tasks.classification.models.seam import ClassifierNet
 
@@ -165,6 +169,41 @@ class ClassificationModule(LightningModule):
     def predict_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
         inputs = batch[0] if isinstance(batch, (tuple, list)) else batch
         return self(inputs).softmax(dim=-1)
+
+    def prediction_rows(self, probabilities: torch.Tensor, indices: list[int]) -> list[dict[str, Any]]:
+        """A row of the predictions CSV per sample (engine/predictions.py): the input (a file path, the text itself),
+        the predicted class name, its probability and every class's."""
+        datamodule = self.trainer.datamodule
+        if not isinstance(datamodule, ClassificationData):
+            raise InterfaceError(
+                "Predictions of a classifier need a datamodule with the ClassificationData interface"
+                " (tasks/classification/data/contract.py: class_names, predict_inputs());"
+                f" got {type(datamodule).__name__}."
+            )
+        names = datamodule.class_names
+        probabilities = probabilities.float().cpu()
+        confidence, predicted = probabilities.max(dim=-1)
+        return [
+            {"input": text, "prediction": names[label], "probability": f"{p:.6f}",
+             **{f"p_{name}": f"{v:.6f}" for name, v in zip(names, row, strict=True)}}
+            for text, label, p, row in zip(
+                datamodule.predict_inputs(indices), predicted.tolist(), confidence.tolist(), probabilities.tolist(),
+                strict=True,
+            )
+        ]  # fmt: skip
+
+    def configure_callbacks(self) -> list[Callback]:
+        """What a classifier's runs show beyond scalars: the augmented training batch and the confusion matrix
+        (once per Trainer: `test` after `fit` keeps fit's)."""
+        if any(isinstance(callback, ConfusionMatrixImage) for callback in self.trainer.callbacks):
+            return []
+        return [AugmentedBatchImages(), ConfusionMatrixImage()]
+
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        # How raw inputs become this model's inputs (image size and normalization, or the tokenizer), so that
+        # serve.py and export.py read them as evaluation did, without the training data.
+        if isinstance(self.trainer.datamodule, ServableData):
+            checkpoint[SPEC_KEY] = self.trainer.datamodule.serving_spec()
 
     def parameter_groups(self, part: Part) -> list[dict[str, Any]]:
         """The trainable parameters of the classifier (`head`) or of the rest (`backbone`), as a group

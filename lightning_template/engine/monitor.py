@@ -1,0 +1,72 @@
+"""The metric a run is judged by: the best-epoch checkpoint, and the check that every monitored metric is logged.
+
+The job states the metric (`--checkpoint.monitor`, `--early_stopping.monitor`; configs/defaults.yaml watches
+`val_loss`, which any task can log, and a classification job `val_acc`). A monitored metric that the model never
+logs is an error at the end of the first validation, naming the metrics that were logged.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from lightning import Callback, LightningModule, Trainer
+from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
+
+from lightning_template.engine.errors import ConfigError
+
+
+class BestCheckpoint(ModelCheckpoint):
+    """Lightning's ModelCheckpoint, with epochs counted from 1 in file names, as the console counts them
+    (`epoch=5-...` after the 5th epoch)."""
+
+    @staticmethod
+    def filename_for(monitor: str) -> str:
+        """`epoch={epoch}-val_acc={val_acc:.4f}` for `val_acc` (a `/` in a metric's name is not a folder)."""
+        return f"epoch={{epoch}}-{monitor.replace('/', '_')}={{{monitor}:.4f}}"
+
+    def format_checkpoint_name(self, metrics: dict[str, Any], *args: Any, **kwargs: Any) -> str:
+        if "epoch" in metrics:
+            metrics = {**metrics, "epoch": metrics["epoch"] + 1}
+        return super().format_checkpoint_name(metrics, *args, **kwargs)
+
+
+def option_of(callback: Callback) -> str:
+    """The command-line option that sets a callback's monitor."""
+    if isinstance(callback, ModelCheckpoint):
+        return "--checkpoint.monitor"
+    if isinstance(callback, EarlyStopping):
+        return "--early_stopping.monitor"
+    return f"{type(callback).__name__}'s monitor"
+
+
+class MonitoredMetrics(Callback):
+    """At the end of the first validation (the sanity check's, if it runs), every `monitor` of the run's callbacks
+    must be among the logged metrics: otherwise a one-line error names the option and what was logged. Metrics of
+    the training loop, logged only once training runs, are checked after the first validation of training."""
+
+    def __init__(self) -> None:
+        self.checked = False
+
+    def on_validation_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if self.checked or trainer.state.fn != "fit":
+            return
+        logged = set(trainer.callback_metrics)
+        missing = [
+            (callback, callback.monitor)
+            for callback in trainer.callbacks
+            if isinstance(getattr(callback, "monitor", None), str) and callback.monitor not in logged
+        ]
+        if trainer.sanity_checking:  # training has not logged anything yet: only validation's metrics are known
+            if not logged:
+                return
+            missing = [(c, m) for c, m in missing if not m.startswith("train")]
+        else:
+            self.checked = True
+        if missing:
+            callback, monitor = missing[0]
+            shown = ", ".join(sorted(k for k in logged if not k.startswith("lr-"))) or "nothing"
+            raise ConfigError(
+                f"{option_of(callback)} {monitor}: the model never logged {monitor!r}; it logged {shown}. Monitor one"
+                " of these (with --checkpoint.mode / --early_stopping.mode min for a loss, max for an accuracy),"
+                f" or log {monitor!r} with self.log in the model."
+            )

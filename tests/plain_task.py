@@ -1,0 +1,106 @@
+"""A user's own task, written as plain Lightning: nothing of the template is imported or subclassed.
+
+Regression on real images: from a Fashion-MNIST image pooled to 7x7, an MLP predicts how much of the image is ink
+(the share of pixels above half intensity). The dataset flips half of the images at random in `__getitem__` (as
+torchvision transforms do, in loader workers or not); the model logs `train_loss` and `val_loss` only.
+"""
+
+from __future__ import annotations
+
+import gzip
+from pathlib import Path
+
+import numpy as np
+import torch
+from lightning import LightningDataModule, LightningModule
+from torch import nn
+from torch.utils.data import DataLoader, Dataset, IterableDataset
+
+FASHION_MNIST = Path("/usr/share/datasets/fashion-mnist")
+
+
+def read_images(split: str, count: int) -> torch.Tensor:
+    with gzip.open(FASHION_MNIST / f"{split}-images-idx3-ubyte.gz") as f:
+        data = np.frombuffer(f.read(), dtype=np.uint8, offset=16)
+    return torch.from_numpy(data.reshape(-1, 28, 28)[:count].copy())
+
+
+class InkDataset(Dataset):
+    def __init__(self, images: torch.Tensor, flip: bool) -> None:
+        self.images, self.flip = images.float() / 255, flip
+
+    def __len__(self) -> int:
+        return len(self.images)
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        image = self.images[index]
+        if self.flip and torch.rand(()) < 0.5:
+            image = image.flip(-1)
+        features = nn.functional.avg_pool2d(image[None], 4).flatten()
+        return features, (image > 0.5).float().mean()[None]
+
+
+class InkStream(IterableDataset):
+    """The same samples as a stream: a loader that cannot be skipped into."""
+
+    def __init__(self, dataset: InkDataset) -> None:
+        self.dataset = dataset
+
+    def __iter__(self):
+        return (self.dataset[i] for i in range(len(self.dataset)))
+
+
+class RegressionData(LightningDataModule):
+    def __init__(
+        self, batch_size: int = 32, num_workers: int = 0, drop_last: bool = False, shuffle: bool = True,
+        stream: bool = False, train_size: int = 1000,
+    ) -> None:  # fmt: skip
+        super().__init__()
+        self.batch_size, self.num_workers, self.drop_last, self.shuffle = batch_size, num_workers, drop_last, shuffle
+        self.stream, self.train_size = stream, train_size
+
+    def setup(self, stage: str) -> None:
+        self.train = InkDataset(read_images("train", self.train_size), flip=True)
+        self.val = InkDataset(read_images("t10k", 256), flip=False)
+
+    def train_dataloader(self) -> DataLoader:
+        if self.stream:
+            return DataLoader(InkStream(self.train), batch_size=self.batch_size)
+        return DataLoader(
+            self.train, batch_size=self.batch_size, shuffle=self.shuffle, drop_last=self.drop_last,
+            num_workers=self.num_workers, persistent_workers=self.num_workers > 0,
+        )  # fmt: skip
+
+    def val_dataloader(self) -> DataLoader:
+        return DataLoader(self.val, batch_size=64)
+
+    def predict_dataloader(self) -> DataLoader:
+        return DataLoader(self.val, batch_size=64)
+
+
+class Regressor(LightningModule):
+    def __init__(self, hidden: int = 32, lr: float = 0.01, dropout: float = 0.1, nan_at_step: int = -1) -> None:
+        super().__init__()
+        self.save_hyperparameters()
+        self.net = nn.Sequential(nn.Linear(49, hidden), nn.ReLU(), nn.Dropout(dropout), nn.Linear(hidden, 1))
+
+    def forward(self, features: torch.Tensor) -> torch.Tensor:
+        return self.net(features)
+
+    def training_step(self, batch, batch_idx: int) -> torch.Tensor:
+        features, target = batch
+        loss = nn.functional.mse_loss(self(features), target)
+        if self.global_step == self.hparams.nan_at_step:
+            loss = loss * float("nan")
+        self.log("train_loss", loss)
+        return loss
+
+    def validation_step(self, batch, batch_idx: int) -> None:
+        features, target = batch
+        self.log("val_loss", nn.functional.mse_loss(self(features), target))
+
+    def predict_step(self, batch, batch_idx: int) -> torch.Tensor:
+        return self(batch[0])
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=self.hparams.lr, momentum=0.9)

@@ -1,0 +1,108 @@
+"""A user's own task gets every guarantee of the engine through train.py, unchanged.
+
+`tests/plain_task.py` is plain Lightning (a regression MLP, a datamodule returning `DataLoader(..., shuffle=True)`,
+only `train_loss` and `val_loss` logged): nothing of the template is imported or subclassed.
+"""
+
+from __future__ import annotations
+
+import csv
+import os
+import signal
+from pathlib import Path
+
+import pytest
+
+from lightning_template.engine.cli import TemplateCLI
+from tests.conftest import last_checkpoint, sigterm_at, train_process
+from tests.helpers import same_state
+
+PLAIN = ["--model=tests.plain_task.Regressor", "--data=tests.plain_task.RegressionData"]
+SHORT = [
+    "--trainer.max_epochs=2", "--trainer.limit_val_batches=2", "--trainer.log_every_n_steps=5",
+    "--trainer.enable_model_summary=false",
+]  # fmt: skip
+STOPPED = 128 + signal.SIGTERM
+ONE_THREAD = {"OMP_NUM_THREADS": "1"}  # two processes on two cores
+
+
+def stopped_and_resumed_equals_uninterrupted(
+    tmp_path: Path, args: list[str], stop: list[str], env: dict[str, str] | None = None
+) -> str:
+    """Fit never stopped; fit stopped by SIGTERM; the same command with --ckpt_path last: the last two end with the
+    first one's weights and step. Returns the console output of the stopped run and its resume."""
+    train_process(["fit", *args], tmp_path / "full", env=env)
+    stopped = train_process(["fit", *args, *stop], tmp_path / "cut", expect=STOPPED, env=env)
+    resumed = train_process(["fit", *args, "--ckpt_path=last"], tmp_path / "cut", env=env)
+    full, cut = last_checkpoint(tmp_path / "full"), last_checkpoint(tmp_path / "cut")
+    assert cut["global_step"] == full["global_step"] > 0
+    assert same_state(full["state_dict"], cut["state_dict"]), "weights differ after the resume"
+    return stopped.stdout + stopped.stderr + resumed.stdout + resumed.stderr
+
+
+def test_a_plain_task_stopped_mid_epoch_resumes_exactly_with_its_own_metrics(tmp_path: Path) -> None:
+    output = stopped_and_resumed_equals_uninterrupted(tmp_path, [*PLAIN, *SHORT], sigterm_at(epoch=1, batch=5))
+    assert "ExactResume: continuing epoch 1 after 6 batches." in output
+    assert "epoch 2/2  train_loss" in output and "val_loss" in output  # the console's epoch line, its own metrics
+    for unwanted in ("Warning", "warn", "EvalOutput", "num_classes", "Traceback"):
+        assert unwanted not in output, unwanted
+    best = next((tmp_path / "full").glob("logs/*/version_0/checkpoints/epoch=*-val_loss=*.ckpt"))
+    assert best.name.startswith(("epoch=1-", "epoch=2-"))  # epochs counted from 1, as on the console
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "setup",
+    [
+        pytest.param(["--data.num_workers=2"], id="loader-workers"),
+        pytest.param(["--trainer.accumulate_grad_batches=2"], id="accumulation"),
+        pytest.param(["--data.shuffle=false", "--data.batch_size=24", "--data.drop_last=true"], id="sequential"),
+        pytest.param(["--trainer.val_check_interval=10"], id="mid-epoch-validation"),
+    ],
+)
+def test_a_plain_task_resumes_exactly_in_each_setup(setup: list[str], tmp_path: Path) -> None:
+    stopped_and_resumed_equals_uninterrupted(tmp_path, [*PLAIN, *SHORT, *setup], sigterm_at(epoch=1, batch=4))
+
+
+@pytest.mark.slow
+def test_a_plain_task_under_ddp_resumes_exactly(tmp_path: Path) -> None:
+    """Two gloo processes, each its shard of the same order; SIGTERM to rank 0 stops both at the same step."""
+    env = {k: v for k, v in os.environ.items() if k not in {"MASTER_PORT", "MASTER_ADDR"}} | ONE_THREAD
+    ddp = ["--trainer.strategy=ddp", "--trainer.accelerator=cpu", "--trainer.devices=2"]
+    stopped_and_resumed_equals_uninterrupted(tmp_path, [*PLAIN, *SHORT, *ddp], sigterm_at(1, 3, rank=0), env=env)
+
+
+def test_a_monitored_metric_the_model_never_logs_is_named_with_what_it_logged(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ValueError, match=r"--checkpoint.monitor val_acc: the model never logged 'val_acc'; it logged"
+                                         r" val_loss\. Monitor one of these"):  # fmt: skip
+        TemplateCLI(args=["fit", *PLAIN, *SHORT, "--checkpoint.monitor=val_acc", "--checkpoint.mode=max"])
+    with pytest.raises(ValueError, match=r"--early_stopping.monitor val_mae: the model never logged"):
+        TemplateCLI(args=["fit", *PLAIN, *SHORT, "--early_stopping.monitor=val_mae"])
+
+
+def test_a_loader_that_cannot_be_skipped_into_is_named_when_training_starts(tmp_path: Path) -> None:
+    """An IterableDataset: said at the start, and a mid-epoch resume says what it does instead of skipping."""
+    args = [*PLAIN, *SHORT, "--data.stream=true"]
+    stopped = train_process(["fit", *args, *sigterm_at(epoch=0, batch=5)], tmp_path, expect=STOPPED)
+    assert "the training loader reads an IterableDataset (InkStream), which cannot continue from the middle" in (
+        stopped.stderr
+    )
+    resumed = train_process(["fit", *args, "--ckpt_path=last"], tmp_path)
+    assert "resuming epoch 0 after 6 batches, but the training loader reads an IterableDataset" in resumed.stderr
+
+
+def test_a_non_finite_loss_stops_a_plain_task_in_one_line(tmp_path: Path) -> None:
+    done = train_process(["fit", *PLAIN, *SHORT, "--model.nan_at_step=3"], tmp_path, expect=1)
+    assert "Error: Loss became nan in epoch 0, batch_idx 3 (optimizer step 3)." in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_predictions_of_a_plain_task_are_written_one_row_per_sample(tmp_path: Path) -> None:
+    train_process(["fit", *PLAIN, *SHORT, "--trainer.max_epochs=1"], tmp_path)
+    checkpoint = next(tmp_path.glob("logs/*/version_0/checkpoints/last.ckpt"))
+    train_process(["predict", *PLAIN, f"--ckpt_path={checkpoint}", "--trainer.enable_progress_bar=false"], tmp_path)
+    with open(tmp_path / "predictions.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert len(rows) == 256 and list(rows[0]) == ["index", "output_0"]
+    assert [int(r["index"]) for r in rows] == list(range(256))
