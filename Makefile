@@ -8,7 +8,7 @@ ARGS ?=
 export MALLOC_MMAP_THRESHOLD_ ?= 33554432
 export MALLOC_TRIM_THRESHOLD_ ?= 1073741824
 
-.PHONY: install data train test matrix lint format hooks docs clean transfer text-data
+.PHONY: install data train test matrix lint format hooks docs clean transfer fortunes text-data
 # extra:search
 .PHONY: tune seeds
 # /extra:search
@@ -31,9 +31,9 @@ install: $(VENV)/.installed
 data: install
 	$(BIN)/python -c "from lightning_template.tasks.classification import FashionMNISTDataModule as D; D().prepare_data()"
 
-# What `make train` prepares first: the fortunes for the text job, nothing for your own image folders
+# What `make train` prepares first: the fortunes for the text jobs, nothing for your own image folders
 # (configs/resnet_finetune.yaml reads data/images/), Fashion-MNIST otherwise.
-TRAIN_DATA ?= $(if $(findstring transformer_text,$(CONFIG)),text-data,$(if $(findstring resnet_finetune,$(CONFIG)),install,data))
+TRAIN_DATA ?= $(if $(findstring transformer_text,$(CONFIG)),text-data,$(if $(findstring resnet_finetune,$(CONFIG)),install,$(if $(findstring language_model,$(CONFIG)),fortunes,data)))
 train: $(TRAIN_DATA)
 	$(BIN)/python train.py fit --config $(CONFIG) $(ARGS)
 
@@ -131,7 +131,10 @@ transfer: data
 		--model.weights "$$(ls -t logs/resnet_fmnist_pretrain/*/checkpoints/last.ckpt | head -n 1)"
 	$(BIN)/python train.py fit --config configs/resnet_fmnist_small.yaml --trainer.logger.init_args.name resnet_fmnist_scratch
 
-# Real text data for configs/transformer_text.yaml: fortune cookies by topic (Debian's `fortunes`).
-text-data: install
+# Real text: Debian's fortunes (configs/language_model.yaml reads them as they are).
+fortunes: install
 	@test -d /usr/share/games/fortunes || { echo "Needs Debian's fortunes: sudo apt-get install fortunes"; exit 1; }
+
+# Real text data for configs/transformer_text.yaml: fortune cookies by topic.
+text-data: fortunes
 	$(BIN)/python -m lightning_template.tasks.classification.data.fortunes data/fortunes

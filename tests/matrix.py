@@ -1,5 +1,8 @@
 """The fault-injection matrix of exact resume: one cell = (data, accumulation, trigger, model stage).
 
+The data axis holds the template's datamodules and a user's own plain task (tests/plain_task.py: its own
+LightningModule and a `DataLoader(shuffle=True, num_workers=2)` with random flips in `__getitem__`).
+
 A cell trains a small real run (3 epochs x 5 batches), interrupts it the way the trigger says,
 resumes from the checkpoint that trigger leaves, and the resumed run must end with weights and
 metrics bit-identical to the same run never interrupted. Also run as a script, for the cells
@@ -31,9 +34,11 @@ from lightning_template.tasks.classification import (
     TwoStageFinetuning,
 )
 from tests.helpers import SignalAtBatch, StopAfterEpoch
+from tests.plain_task import RegressionData, Regressor
 
 STREAMING = importlib.util.find_spec("lightning_template.streaming") is not None  # an extra: its cells if present
 DATA = ("memory-w0", "files-w2", *(["stream-w2"] if STREAMING else []))
+PLAIN_TASK = "plain-task-w2"  # a user's own module and DataLoader (tests/plain_task.py): no fine-tuning stages
 ACCUMULATION = (1, 2)
 TRIGGERS = ("epoch-end", "step-checkpoint", "mid-epoch-validation", "sigterm", "sigkill")
 STAGES = ("plain", "stage-1", "stage-2")
@@ -57,7 +62,8 @@ class Cell:
 
 
 def all_cells() -> list[Cell]:
-    return [Cell(*values) for values in itertools.product(DATA, ACCUMULATION, TRIGGERS, STAGES)]
+    template = [Cell(*values) for values in itertools.product(DATA, ACCUMULATION, TRIGGERS, STAGES)]
+    return template + [Cell(PLAIN_TASK, *values, "plain") for values in itertools.product(ACCUMULATION, TRIGGERS)]
 
 
 def pairwise_cells() -> list[Cell]:
@@ -107,8 +113,11 @@ def fit(cell: Cell, directory: Path, image_root: Path, *extra: Callback, ckpt_pa
     directory.mkdir(parents=True, exist_ok=True)
     stream_root = streamed(image_root) if cell.data.startswith("stream") else None  # before seeding: LitData reseeds
     seed_everything(3)
-    if cell.data == "memory-w0":
-        datamodule: Any = FashionMNISTDataModule(batch_size=16, augment=True, num_workers=0)
+    if cell.data == PLAIN_TASK:
+        datamodule: Any = RegressionData(batch_size=16, num_workers=2, train_size=16 * BATCHES)
+        model: Any = Regressor()
+    elif cell.data == "memory-w0":
+        datamodule = FashionMNISTDataModule(batch_size=16, augment=True, num_workers=0)
     elif cell.data.startswith("stream-w"):  # stream-w2 in the matrix; other worker counts in single tests
         from lightning_template.streaming import StreamingImageDataModule
 
@@ -120,10 +129,11 @@ def fit(cell: Cell, directory: Path, image_root: Path, *extra: Callback, ckpt_pa
         datamodule = ImageFolderDataModule(
             root=str(image_root), image_size=28, batch_size=16, min_crop_scale=0.5, num_workers=2
         )
-    weights = None if cell.stage == "plain" else str(weights_file(directory.parent, datamodule.input_shape))
-    model = SimpleCNN(
-        num_classes=datamodule.num_classes, input_shape=datamodule.input_shape, warmup_epochs=0.5, weights=weights
-    )
+    if cell.data != PLAIN_TASK:
+        weights = None if cell.stage == "plain" else str(weights_file(directory.parent, datamodule.input_shape))
+        model = SimpleCNN(
+            num_classes=datamodule.num_classes, input_shape=datamodule.input_shape, warmup_epochs=0.5, weights=weights
+        )
     callbacks: list[Callback] = [ExactResume(), ResumeCheckpoint(dirpath=directory), FiniteLossGuard(), *extra]
     if cell.stage != "plain":
         callbacks.append(TwoStageFinetuning(unfreeze_at_epoch=1, backbone_warmup_epochs=0.5))

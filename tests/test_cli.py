@@ -12,7 +12,7 @@ import torch
 from lightning.pytorch.callbacks import EarlyStopping, LearningRateMonitor
 
 from lightning_template.engine import ExactResume, FiniteLossGuard, ResumeCheckpoint
-from lightning_template.engine.cli import TemplateCLI
+from lightning_template.engine.cli import DATA_FACTS, TemplateCLI
 from lightning_template.tasks.classification import ResNetClassifier, SimpleCNN
 from tests.conftest import QUICK, ROOT, run_cli, save_random_weights
 from tests.helpers import event_tags, same_state, scalar_steps
@@ -45,7 +45,11 @@ def test_every_job_config_is_a_short_delta_that_instantiates(
     if "TextClassificationDataModule" in text:
         overrides += [f"--data.init_args.{s}_file={fortunes_dir / f'{s}.jsonl'}" for s in ("train", "val", "test")]
     cli = TemplateCLI(args=["--config", str(config), *overrides], run=False)
-    assert cli.model.hparams.num_classes == cli.datamodule.num_classes  # linked, not typed twice
+    # facts of the data are linked into the model, not typed twice
+    linked = [name for name in DATA_FACTS if hasattr(cli.datamodule, name) and name in cli.model.hparams]
+    assert linked and all(
+        cli.model.hparams[name] == getattr(cli.datamodule, name) for name in linked
+    )  # not typed twice
     types = {type(c) for c in cli.trainer.callbacks}
     assert {ExactResume, ResumeCheckpoint, FiniteLossGuard, LearningRateMonitor, EarlyStopping} <= types
     assert cli.trainer.logger.name == config.stem  # the run is named after its config file

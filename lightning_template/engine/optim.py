@@ -1,11 +1,15 @@
-"""Learning-rate schedule: linear warmup, then cosine, step or constant, stepped once per optimizer step."""
+"""Optimizer and learning-rate schedule helpers for any LightningModule: an optimizer given as a config (kept in
+checkpoints as data, not code), and a linear warmup, then cosine, step or constant, stepped once per optimizer step."""
 
 from __future__ import annotations
 
+import functools
+import importlib
 import math
 from typing import Any, Literal
 
 from lightning import Trainer
+from lightning.pytorch.cli import OptimizerCallable
 from lightning.pytorch.utilities import rank_zero_warn
 from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LRScheduler
@@ -13,6 +17,25 @@ from torch.optim.lr_scheduler import LRScheduler
 from lightning_template.engine.errors import ConfigError
 
 ScheduleName = Literal["cosine", "step", "constant"]
+
+
+def optimizer_spec(optimizer: Any) -> Any:
+    """A class or `functools.partial` of one as {"class_path", "init_args"} (how the CLI writes it), so
+    checkpoints hold no code and load with `weights_only=True`."""
+    cls, init_args = optimizer, {}
+    if isinstance(optimizer, functools.partial):
+        cls, init_args = optimizer.func, dict(optimizer.keywords)
+    if isinstance(cls, type):
+        return {"class_path": f"{cls.__module__}.{cls.__qualname__}", "init_args": init_args}
+    return optimizer
+
+
+def optimizer_from_spec(spec: Any) -> OptimizerCallable:
+    """Inverse of `optimizer_spec` (e.g. for `load_from_checkpoint`); callables pass through."""
+    if not isinstance(spec, dict):
+        return spec
+    module, _, name = spec["class_path"].rpartition(".")
+    return functools.partial(getattr(importlib.import_module(module), name), **spec.get("init_args", {}))
 
 
 def steps_per_epoch(trainer: Trainer) -> int:

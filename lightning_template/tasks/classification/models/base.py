@@ -11,8 +11,6 @@ Lightning):
 
 from __future__ import annotations
 
-import functools
-import importlib
 from pathlib import Path
 from typing import Any, Literal, TypedDict
 
@@ -26,7 +24,14 @@ from torchmetrics.classification import MulticlassAccuracy
 
 from lightning_template.engine.errors import InterfaceError
 from lightning_template.engine.lightning_internals import logs_this_step
-from lightning_template.engine.optim import ScheduleName, WarmupSchedule, check_run_length, steps_per_epoch
+from lightning_template.engine.optim import (
+    ScheduleName,
+    WarmupSchedule,
+    check_run_length,
+    optimizer_from_spec,
+    optimizer_spec,
+    steps_per_epoch,
+)
 from lightning_template.tasks.classification.callbacks.visual import AugmentedBatchImages, ConfusionMatrixImage
 from lightning_template.tasks.classification.data.contract import ClassificationData, ServableData
 from lightning_template.tasks.classification.input_spec import SPEC_KEY
@@ -41,25 +46,6 @@ class EvalOutput(TypedDict):
 
     logits: torch.Tensor
     targets: torch.Tensor
-
-
-def optimizer_spec(optimizer: Any) -> Any:
-    """A class or `functools.partial` of one as {"class_path", "init_args"} (how the CLI writes it), so
-    checkpoints hold no code and load with `weights_only=True`."""
-    cls, init_args = optimizer, {}
-    if isinstance(optimizer, functools.partial):
-        cls, init_args = optimizer.func, dict(optimizer.keywords)
-    if isinstance(cls, type):
-        return {"class_path": f"{cls.__module__}.{cls.__qualname__}", "init_args": init_args}
-    return optimizer
-
-
-def optimizer_from_spec(spec: Any) -> OptimizerCallable:
-    """Inverse of `optimizer_spec` (e.g. for `load_from_checkpoint`); callables pass through."""
-    if not isinstance(spec, dict):
-        return spec
-    module, _, name = spec["class_path"].rpartition(".")
-    return functools.partial(getattr(importlib.import_module(module), name), **spec.get("init_args", {}))
 
 
 class ClassificationModule(LightningModule):

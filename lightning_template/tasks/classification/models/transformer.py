@@ -21,9 +21,12 @@ from lightning_template.tasks.classification.models.seam import ClassifierNet
 
 
 class MultiHeadSelfAttention(nn.Module):
-    """Self-attention with a key padding mask. Same parameters and math as `nn.MultiheadAttention`."""
+    """Self-attention with a key padding mask, or causal (each token attends to itself and the tokens before it,
+    for a language model). Same parameters and math as `nn.MultiheadAttention`."""
 
-    def __init__(self, dim: int, num_heads: int, dropout: float = 0.0, use_sdpa: bool = True) -> None:
+    def __init__(
+        self, dim: int, num_heads: int, dropout: float = 0.0, use_sdpa: bool = True, causal: bool = False
+    ) -> None:
         super().__init__()
         if dim % num_heads:
             raise ConfigError(f"dim={dim} must be divisible by num_heads={num_heads}.")
@@ -31,6 +34,7 @@ class MultiHeadSelfAttention(nn.Module):
         self.head_dim = dim // num_heads
         self.dropout = dropout
         self.use_sdpa = use_sdpa
+        self.causal = causal
         self.qkv = nn.Linear(dim, 3 * dim)  # queries, keys and values in one matmul
         self.proj = nn.Linear(dim, dim)
 
@@ -43,9 +47,15 @@ class MultiHeadSelfAttention(nn.Module):
         # attend to real tokens (their outputs are ignored by pooling), so no row is
         # ever fully masked and softmax never sees only -inf.
         keep = None if padding_mask is None else ~padding_mask[:, None, None, :]  # [batch, 1, 1, tokens]
+        if self.causal:  # token i sees tokens 0..i: the lower triangle, [tokens, tokens]
+            causal = torch.ones(tokens, tokens, dtype=torch.bool, device=x.device).tril()
+            keep = causal if keep is None else keep & causal
         dropout = self.dropout if self.training else 0.0
         if self.use_sdpa:  # fused kernel (flash / memory-efficient on GPU), same result
-            out = F.scaled_dot_product_attention(q, k, v, attn_mask=keep, dropout_p=dropout)
+            if self.causal and padding_mask is None:  # the kernel's own causal path, without a mask tensor
+                out = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, is_causal=True)
+            else:
+                out = F.scaled_dot_product_attention(q, k, v, attn_mask=keep, dropout_p=dropout)
         else:
             scores = q @ k.transpose(-2, -1) / math.sqrt(self.head_dim)  # [batch, heads, tokens, tokens]
             if keep is not None:
@@ -57,10 +67,10 @@ class MultiHeadSelfAttention(nn.Module):
 class Block(nn.Module):
     """Pre-norm transformer block: x + attn(norm(x)), then x + mlp(norm(x))."""
 
-    def __init__(self, dim: int, num_heads: int, mlp_ratio: float, dropout: float) -> None:
+    def __init__(self, dim: int, num_heads: int, mlp_ratio: float, dropout: float, causal: bool = False) -> None:
         super().__init__()
         self.norm1 = nn.LayerNorm(dim)
-        self.attn = MultiHeadSelfAttention(dim, num_heads, dropout)
+        self.attn = MultiHeadSelfAttention(dim, num_heads, dropout, causal=causal)
         self.norm2 = nn.LayerNorm(dim)
         hidden = int(dim * mlp_ratio)
         self.mlp = nn.Sequential(nn.Linear(dim, hidden), nn.GELU(), nn.Dropout(dropout), nn.Linear(hidden, dim))

@@ -1,0 +1,7 @@
+"""A decoder-only language model on real text (Debian's fortunes), character level: `configs/language_model.yaml`.
+Configs name its classes as `lightning_template.tasks.language_model.<Name>`."""
+
+from lightning_template.tasks.language_model.data import FortunesDataModule
+from lightning_template.tasks.language_model.model import LanguageModel
+
+__all__ = ["FortunesDataModule", "LanguageModel"]

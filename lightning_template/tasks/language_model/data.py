@@ -1,0 +1,215 @@
+"""Text for a character-level language model: every fortune cookie of Debian's `fortunes` (15,000 entries, 2.5 M
+characters of quotations, jokes, poems and ASCII art), or any folder of text files in the same format.
+
+    apt-get install fortunes
+
+Entries are split, not characters: a seeded 90/5/5 shuffle of whole entries into train, validation and test, so a
+held-out fortune was never seen in part. The vocabulary is the training text's characters (those seen at least
+`min_count` times; the rest read as <unk>), plus <eos>, which ends every entry. Training and evaluation read the
+entries of a split as one stream of token ids, cut into windows of `context` tokens; the model predicts each
+token from the ones before it in its window. `predict` generates text from prompts: lines of `prompts_file`, or
+the openings of held-out (test) entries.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from lightning import LightningDataModule
+from torch.utils.data import DataLoader, Dataset
+
+from lightning_template.engine.errors import ConfigError, MissingFileError
+
+FORTUNES_DIR = "/usr/share/games/fortunes"
+
+
+def read_entries(folder: Path) -> list[str]:
+    """The entries of every fortune file in `folder` (a file with a `.dat` index beside it), in file order: the
+    text between lines holding a single '%'."""
+    files = sorted(p for p in folder.glob("*") if p.is_file() and p.with_name(p.name + ".dat").is_file())
+    if not files:
+        raise MissingFileError(
+            f"--data.corpus_dir {folder}: no fortune files (each with a .dat index). Install Debian's fortunes"
+            " (`apt-get install fortunes`) or give a folder of files in that format."
+        )
+    entries = []
+    for path in files:
+        text = path.read_text(encoding="utf-8", errors="replace")
+        entries += [entry.strip("\n") for entry in text.split("\n%\n") if entry.strip() not in ("", "%")]
+    return entries
+
+
+def split_entries(entries: list[str], held_out: float, seed: int) -> dict[str, list[str]]:
+    """A seeded shuffle of whole entries: `held_out` of them validate, as many test, the rest train."""
+    order = list(range(len(entries)))
+    random.Random(seed).shuffle(order)
+    size = round(held_out * len(entries))
+    parts = {"val": order[:size], "test": order[size : 2 * size], "train": order[2 * size :]}
+    return {split: [entries[i] for i in indices] for split, indices in parts.items()}
+
+
+class CharVocabulary:
+    EOS, UNK = "<eos>", "<unk>"
+    eos_id, unk_id = 0, 1
+
+    def __init__(self, chars: Sequence[str]) -> None:
+        self.tokens = [self.EOS, self.UNK, *chars]
+        self.ids = {char: i for i, char in enumerate(self.tokens)}
+
+    @classmethod
+    def build(cls, texts: Sequence[str], min_count: int) -> CharVocabulary:
+        counts = Counter(char for text in texts for char in text)
+        return cls(sorted(char for char, count in counts.items() if count >= min_count))
+
+    def encode(self, text: str) -> list[int]:
+        return [self.ids.get(char, self.unk_id) for char in text]
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return "".join(self.tokens[i] if i > self.unk_id else ("\ufffd" if i == self.unk_id else "") for i in ids)
+
+    def stream(self, entries: Sequence[str]) -> torch.Tensor:
+        """The entries as one tensor of ids, each followed by <eos>."""
+        ids = [i for entry in entries for i in (*self.encode(entry), self.eos_id)]
+        return torch.tensor(ids, dtype=torch.long)
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+
+class TokenWindows(Dataset):
+    """Non-overlapping windows of a token stream: inputs `context` ids, targets the same shifted by one."""
+
+    def __init__(self, stream: torch.Tensor, context: int) -> None:
+        self.stream, self.context = stream, context
+
+    def __len__(self) -> int:
+        return (len(self.stream) - 1) // self.context
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        start = index * self.context
+        window = self.stream[start : start + self.context + 1]
+        return window[:-1], window[1:]
+
+
+class Prompts(Dataset):
+    """(position, prompt ids) pairs; the position seeds the sample's generation."""
+
+    def __init__(self, prompts: list[str], vocabulary: CharVocabulary) -> None:
+        self.prompts, self.vocabulary = prompts, vocabulary
+
+    def __len__(self) -> int:
+        return len(self.prompts)
+
+    def __getitem__(self, index: int) -> tuple[int, torch.Tensor]:
+        return index, torch.tensor(self.vocabulary.encode(self.prompts[index]) or [self.vocabulary.eos_id])
+
+
+def prompt_batch(samples: list[tuple[int, torch.Tensor]]) -> list[tuple[int, torch.Tensor]]:
+    """Prompts of different lengths stay a list: each is generated on its own."""
+    return samples
+
+
+class FortunesDataModule(LightningDataModule):
+    def __init__(
+        self,
+        corpus_dir: str = FORTUNES_DIR,
+        context: int = 128,
+        batch_size: int = 32,
+        held_out: float = 0.05,
+        split_seed: int = 0,
+        min_count: int = 5,
+        num_workers: int = 0,
+        prompts_file: str | None = None,
+        num_prompts: int = 8,
+        prompt_length: int = 24,
+    ) -> None:
+        """
+        Args:
+            corpus_dir: Folder of fortune files (entries between lines holding a single '%'; a `.dat` index beside
+                each file, as `strfile` writes it).
+            context: Tokens the model sees at once (its windows; linked to the model as `max_length`).
+            batch_size: Windows per batch on each device.
+            held_out: Share of the entries that validate, and as many that test.
+            split_seed: Seed of the split of entries.
+            min_count: Characters rarer than this in the training text read as <unk>.
+            num_workers: DataLoader workers; 0 is fastest for windows of an in-memory stream.
+            prompts_file: `predict` continues each line of this file (an empty line starts a new fortune); without
+                it, the openings of held-out test entries.
+            num_prompts: How many test entries give a prompt when there is no prompts_file.
+            prompt_length: Characters of each test entry's opening used as its prompt.
+        """
+        super().__init__()
+        self.save_hyperparameters()
+        self.corpus_dir, self.context, self.batch_size = Path(corpus_dir), context, batch_size
+        self.held_out, self.split_seed, self.min_count, self.num_workers = held_out, split_seed, min_count, num_workers
+        self.prompts_file, self.num_prompts, self.prompt_length = prompts_file, num_prompts, prompt_length
+        self._splits: dict[str, list[str]] | None = None
+        self._vocabulary: CharVocabulary | None = None  # from the training text, or from a checkpoint
+        self.datasets: dict[str, Dataset] = {}
+
+    @property
+    def splits(self) -> dict[str, list[str]]:
+        if self._splits is None:
+            self._splits = split_entries(read_entries(self.corpus_dir), self.held_out, self.split_seed)
+        return self._splits
+
+    @property
+    def vocabulary(self) -> CharVocabulary:
+        if self._vocabulary is None:
+            self._vocabulary = CharVocabulary.build(self.splits["train"], self.min_count)
+        return self._vocabulary
+
+    # Facts linked into the model (engine/cli.py: DATA_FACTS).
+    @property
+    def vocab_size(self) -> int:
+        return len(self.vocabulary)
+
+    @property
+    def max_length(self) -> int:
+        return self.context
+
+    def state_dict(self) -> dict[str, Any]:
+        """What the model was trained with (its vocabulary and context): a checkpoint alone then generates."""
+        return {"tokens": self.vocabulary.tokens, "context": self.context}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        tokens = list(state_dict["tokens"])
+        if tokens[:2] != [CharVocabulary.EOS, CharVocabulary.UNK]:
+            raise ConfigError("The checkpoint's vocabulary does not start with <eos>, <unk>: not this datamodule's.")
+        self._vocabulary = CharVocabulary(tokens[2:])
+        self.context = int(state_dict["context"])
+
+    def setup(self, stage: str) -> None:
+        if stage == "predict":
+            self.datasets["predict"] = Prompts(self.prompts(), self.vocabulary)
+            return
+        for split in {"fit": ("train", "val"), "validate": ("val",), "test": ("test",)}[stage]:
+            if split not in self.datasets:
+                self.datasets[split] = TokenWindows(self.vocabulary.stream(self.splits[split]), self.context)
+
+    def prompts(self) -> list[str]:
+        if self.prompts_file is None:
+            return [entry[: self.prompt_length] for entry in self.splits["test"][: self.num_prompts]]
+        path = Path(self.prompts_file)
+        if not path.is_file():
+            raise MissingFileError(f"--data.prompts_file {path}: file not found (one prompt per line).")
+        return path.read_text(encoding="utf-8").splitlines()
+
+    def train_dataloader(self) -> DataLoader:
+        return DataLoader(
+            self.datasets["train"], batch_size=self.batch_size, shuffle=True, num_workers=self.num_workers
+        )
+
+    def val_dataloader(self) -> DataLoader:
+        return DataLoader(self.datasets["val"], batch_size=self.batch_size, num_workers=self.num_workers)
+
+    def test_dataloader(self) -> DataLoader:
+        return DataLoader(self.datasets["test"], batch_size=self.batch_size, num_workers=self.num_workers)
+
+    def predict_dataloader(self) -> DataLoader:
+        return DataLoader(self.datasets["predict"], batch_size=8, collate_fn=prompt_batch)

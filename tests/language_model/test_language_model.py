@@ -1,0 +1,93 @@
+"""The language model task: causal attention, its job through train.py on real text, seeded generation from a
+checkpoint, and the n-gram baseline it is measured against."""
+
+from __future__ import annotations
+
+import csv
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+from lightning_template.tasks.language_model.baseline import ngram_cross_entropy
+from lightning_template.tasks.language_model.data import CharVocabulary, FortunesDataModule, split_entries
+from lightning_template.tasks.language_model.model import DecoderNet
+from tests.conftest import ROOT, train_process
+
+JOB = f"--config={ROOT / 'configs/language_model.yaml'}"
+TINY = [
+    "--model.dim=32", "--model.depth=1", "--model.num_heads=2", "--data.context=32", "--trainer.max_epochs=1",
+    "--trainer.limit_train_batches=20", "--trainer.limit_val_batches=4", "--trainer.limit_test_batches=4",
+    "--trainer.log_every_n_steps=5",
+]  # fmt: skip
+
+
+def test_a_token_never_sees_the_tokens_after_it() -> None:
+    torch.manual_seed(0)
+    net = DecoderNet(vocab_size=20, max_length=16, dim=16, depth=2, num_heads=2, dropout=0.0).eval()
+    tokens = torch.randint(0, 20, (1, 16))
+    changed = tokens.clone()
+    changed[0, 10:] = (changed[0, 10:] + 1) % 20
+    before, after = net(tokens), net(changed)
+    assert torch.allclose(before[0, :10], after[0, :10], atol=1e-6)  # positions 0..9: their past is the same
+    assert not torch.allclose(before[0, 10:], after[0, 10:])
+
+
+def test_the_split_holds_out_whole_entries_and_the_vocabulary_comes_from_training() -> None:
+    entries = [f"entry {i} {'xyz' if i == 0 else ''}" for i in range(100)]
+    splits = split_entries(entries, held_out=0.1, seed=0)
+    assert [len(splits[s]) for s in ("train", "val", "test")] == [80, 10, 10]
+    assert sorted(entry for part in splits.values() for entry in part) == sorted(entries)
+    vocabulary = CharVocabulary.build(splits["train"], min_count=1)
+    unseen = "q"  # in no entry
+    assert vocabulary.encode(unseen) == [vocabulary.unk_id]
+    assert vocabulary.stream(["ab", "c"]).tolist()[-1] == vocabulary.eos_id
+
+
+def test_the_ngram_baseline_is_the_add_k_formula() -> None:
+    train, held_out = torch.tensor([2, 3, 2, 3, 2]), torch.tensor([2, 3])
+    # bigrams: "<eos>2", "23", "32", "23", "32" ; held-out: "<eos>2" then "23"
+    p1 = (1 + 0.5) / (1 + 0.5 * 4)  # count(<eos> 2) = 1, count(<eos>) = 1
+    p2 = (2 + 0.5) / (2 + 0.5 * 4)  # count(2 3) = 2, count(2 as a context) = 2 (the last 2 starts no bigram)
+    assert ngram_cross_entropy(train, held_out, order=2, k=0.5, vocab_size=4) == pytest.approx(
+        -(math.log(p1) + math.log(p2)) / 2
+    )
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The job, tiny and short, on the real corpus: fit, then test of the best checkpoint."""
+    workdir = tmp_path_factory.mktemp("lm")
+    done = train_process(["fit", JOB, *TINY], workdir)
+    assert "val_bpt" in done.stdout and "test_bpt:" in done.stdout
+    return workdir
+
+
+def _generate(workdir: Path, *flags: str) -> list[dict[str, str]]:
+    checkpoint = next(workdir.glob("logs/language_model/version_0/checkpoints/last.ckpt"))
+    out = workdir / "generated.csv"
+    train_process(
+        ["predict", JOB, f"--ckpt_path={checkpoint}", "--model.max_new_tokens=30", f"--predictions.output_file={out}",
+         "--data.num_prompts=3", *flags],
+        workdir,
+    )  # fmt: skip
+    with open(out, newline="", encoding="utf-8") as f:
+        return list(csv.DictReader(f))
+
+
+def test_generation_from_a_checkpoint_is_the_same_for_the_same_seed(trained: Path) -> None:
+    first, again = _generate(trained), _generate(trained)
+    assert len(first) == 3 and first == again
+    assert [row["prompt"] for row in first] == [e[:24] for e in FortunesDataModule().splits["test"][:3]]
+    other_seed = _generate(trained, "--seed_everything=7")
+    assert [r["generated"] for r in other_seed] != [r["generated"] for r in first]
+    hot = _generate(trained, "--model.temperature=1.5", "--model.top_k=5")  # sampling flags over a checkpoint
+    assert [r["generated"] for r in hot] != [r["generated"] for r in first]
+
+
+def test_generation_continues_the_lines_of_a_prompts_file(trained: Path) -> None:
+    prompts = trained / "prompts.txt"
+    prompts.write_text("A computer\nThe cat\n", encoding="utf-8")
+    rows = _generate(trained, f"--data.prompts_file={prompts}")
+    assert [row["prompt"] for row in rows] == ["A computer", "The cat"]
