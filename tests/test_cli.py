@@ -92,7 +92,7 @@ def test_validate_reproduces_best_checkpoint_score(fitted: tuple[Path, str]) -> 
     workdir, _ = fitted
     best = next((workdir / "logs" / "simple_cnn" / "version_0" / "checkpoints").glob("epoch=*.ckpt"))
     saved = torch.load(best, weights_only=True)
-    callback_state = next(v for k, v in saved["callbacks"].items() if k.startswith("ModelCheckpoint"))
+    callback_state = next(v for k, v in saved["callbacks"].items() if k.startswith("BestCheckpoint"))
     cli = TemplateCLI(args=["validate", "--config", str(ROOT / "configs/simple_cnn.yaml"), f"--ckpt_path={best}",
                             *QUICK, f"--trainer.default_root_dir={workdir}", "--trainer.logger=false"])  # fmt: skip
     val_acc = cli.trainer.callback_metrics["val_acc"].item()
@@ -192,7 +192,7 @@ def test_resume_refuses_another_models_checkpoint_and_flags_it_would_override(
     TemplateCLI(args=[*cnn, *tiny])
     last = tmp_path / "logs/simple_cnn/version_0/checkpoints/last.ckpt"
     vit = ["fit", "--config", str(ROOT / "configs/vit_fashion_mnist.yaml"), f"--ckpt_path={last}", *tiny]
-    other_model = r"checkpoint of \S*models.SimpleCNN, but this config.s model is \S*models.Transf"
+    other_model = r"checkpoint of \S*\.SimpleCNN, but this config.s model is \S*\.Transf"
     with pytest.raises(ValueError, match=other_model):
         TemplateCLI(args=vit)
     flags = ["--model.optimizer.lr=0.5", "--model.init_args.dropout", "0.4", "--model.hidden=128"]  # hidden: as saved
@@ -200,8 +200,20 @@ def test_resume_refuses_another_models_checkpoint_and_flags_it_would_override(
         TemplateCLI(args=[*cnn, f"--ckpt_path={last}", *flags, *tiny, "--trainer.max_epochs=2"])
     message = str(refused.value)
     assert "--model.optimizer.lr 0.5 (checkpoint: 0.003)" in message
-    assert "--model.init_args.dropout 0.4 (checkpoint: 0.1)" in message
+    assert "--model.dropout 0.4 (checkpoint: 0.1)" in message
     assert "hidden" not in message
+    # The same value from a stacked config or from the environment is refused the same way.
+    (tmp_path / "presets").mkdir()
+    (tmp_path / "presets/smooth.yaml").write_text("model:\n  init_args:\n    label_smoothing: 0.0\n")
+    with pytest.raises(ValueError, match=r"--model.label_smoothing 0.0 \(checkpoint: 0.1\), set by a flag, a stacked"):
+        TemplateCLI(args=[*cnn, "--config=presets/smooth.yaml", f"--ckpt_path={last}", *tiny])
+    validate = ["validate", "--data=FashionMNISTDataModule", f"--ckpt_path={last}", *tiny[1:3]]
+    model = '{"class_path": "SimpleCNN", "init_args": {"dropout": 0.3}}'
+    monkeypatch.setenv("PL_VALIDATE__MODEL", model)
+    with pytest.raises(ValueError, match=r"--model.dropout 0.3 \(checkpoint: 0.1\)"):
+        TemplateCLI(args=validate)
+    monkeypatch.delenv("PL_VALIDATE__MODEL")
+    TemplateCLI(args=[*validate, "--model=SimpleCNN"])  # the class's defaults are not a choice: the checkpoint's win
     assert not (tmp_path / "logs/simple_cnn/version_1").exists() and not (tmp_path / "logs/vit_fashion_mnist").exists()
 
 

@@ -305,9 +305,9 @@ def test_update_brings_the_template_change_and_keeps_the_users(
     git("commit", "-q", "-am", "template change", cwd=repo)
 
     # The user edits the same core module elsewhere, and adds a module.
-    mine = package / "models/simple_cnn.py"
+    mine = package / "tasks/classification/models/simple_cnn.py"
     mine.write_text(mine.read_text().replace("SimpleCNN: the classic", "SimpleCNN (the user's edit): the classic", 1))
-    (package / "models/mine.py").write_text('"""The user\'s own module."""\n')
+    (package / "tasks/classification/models/mine.py").write_text('"""The user\'s own module."""\n')
     git("add", "-A", cwd=project)
     git("commit", "-q", "-m", "the user's edit", cwd=project)
 
@@ -317,12 +317,14 @@ def test_update_brings_the_template_change_and_keeps_the_users(
     assert 'TEMPLATE_CHANGE = "update_demo"' in updated  # the template's change, renamed like the rest
     assert "SimpleCNN (the user's edit): the classic" in updated
     assert "matrix: install  # template change\n" in (project / "Makefile").read_text()
-    assert (package / "models/mine.py").is_file()
+    assert (package / "tasks/classification/models/mine.py").is_file()
     assert not (project / "lightning_template").exists() and not (package / "serving").exists()
     assert ignored.read_text() == "lightning_template\n<!-- extra:search -->\n"
     changed = sorted(line[3:] for line in git("status", "--porcelain", cwd=project).splitlines())
     # The old and the new render were made the same way (generator included): the update changed only these.
-    assert changed == [".copier-answers.yml", "Makefile", "update_demo/models/simple_cnn.py"], changed
+    assert changed == [".copier-answers.yml", "Makefile", "update_demo/tasks/classification/models/simple_cnn.py"], (
+        changed
+    )
     for path in project_files(project):
         text = text_of(path) if ".git" not in path.parts and "logs" not in path.parts else None
         assert text is None or ("lightning_template" not in text and "<<<<<<<" not in text), path

@@ -3,20 +3,27 @@
 `train.py` (engine/cli.py) installs these callbacks in every run; a config names them as
 `lightning_template.engine.<Name>`. A project does not need to edit anything in this package:
 its own code is its tasks (`lightning_template/tasks/`), and `copier update` keeps this package current.
+
+The names are imported when first asked for (PEP 562's module `__getattr__`): `engine.errors`, which the serving
+extra's torch-free request path raises, is imported without torch and Lightning.
 """
 
-from lightning_template.engine.checkpoint_facts import CheckpointFacts
-from lightning_template.engine.finite_loss import FiniteLossGuard, NonFiniteLossError
-from lightning_template.engine.predictions import CSVPredictionWriter
-from lightning_template.engine.process_group import ProcessGroupTeardown
-from lightning_template.engine.resume import ExactResume, ResumeCheckpoint
+import importlib
+from typing import Any
 
-__all__ = [
-    "CSVPredictionWriter",
-    "CheckpointFacts",
-    "ExactResume",
-    "FiniteLossGuard",
-    "NonFiniteLossError",
-    "ProcessGroupTeardown",
-    "ResumeCheckpoint",
-]
+_WHERE = {
+    "CSVPredictionWriter": "predictions",
+    "CheckpointFacts": "checkpoint_facts",
+    "ExactResume": "resume",
+    "FiniteLossGuard": "finite_loss",
+    "NonFiniteLossError": "finite_loss",
+    "ProcessGroupTeardown": "process_group",
+    "ResumeCheckpoint": "resume",
+}
+__all__ = sorted(_WHERE)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _WHERE:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{_WHERE[name]}"), name)

@@ -86,10 +86,13 @@ def installed_callbacks() -> list[Any]:
 
 
 def import_tasks() -> None:
-    """Import every task package, so that their classes can be named by class name alone (`--model SimpleCNN`)."""
+    """Import the classes every task package exports (its `__all__`), so that they can be named by class name
+    alone (`--model SimpleCNN`)."""
     package = importlib.import_module(TASKS)
     for task in sorted(p.name for p in Path(package.__file__).parent.iterdir() if (p / "__init__.py").is_file()):
-        importlib.import_module(f"{TASKS}.{task}")
+        module = importlib.import_module(f"{TASKS}.{task}")
+        for name in getattr(module, "__all__", ()):
+            getattr(module, name)
 
 
 def is_subclass(class_path: str, base: type) -> bool:
@@ -279,35 +282,34 @@ class TemplateCLI(CLIHooks):
                 f" with --model.weights {record.path}."
             )
         old, new = _leaves(before.get("init_args")), _leaves(after.get("init_args"))
-        changed = [f"{key} {old[key]!r} (checkpoint: {new.get(key)!r})" for key in explicit if old[key] != new.get(key)]
+        changed = [
+            f"--model.{key} {old[key]!r} (checkpoint: {new.get(key)!r})" for key in explicit if old[key] != new.get(key)
+        ]
         if changed:
             raise ConfigError(
                 f"--ckpt_path {record.path}: the model is built with the checkpoint's hyper-parameters, which differ"
-                f" from model.{', model.'.join(changed)} given by a flag, a stacked config or the environment. Drop"
-                f" them, or start a new run from its weights with --model.weights {record.path}."
+                f" from {', '.join(changed)}, set by a flag, a stacked config or the environment. Drop them, or start"
+                f" a new run from its weights with --model.weights {record.path}."
             )
         if after.init_args.get("weights"):  # the checkpoint's weights replace them: not read (or downloaded) again
             after.init_args.weights = None
 
     def _explicit_model_settings(self, subcommand: str) -> list[str]:
         """The model settings that this command sets on top of its job config (the first config file outside
-        presets/) and configs/defaults.yaml: by flags, by stacked configs or by the environment."""
-        config = self.config[subcommand]
-        job = [str(p) for p in config.get("config") or [] if Path(str(p)).parent.name != "presets"][:1]
+        presets/), configs/defaults.yaml and the model class's defaults: by flags, stacked configs or the
+        environment."""
         if not self._given:  # given a parsed config (multirun, tune): it is the job
             return []
+        config = self.config[subcommand]
+        job = [str(p) for p in config.get("config") or [] if Path(str(p)).parent.name != "presets"][:1]
         parser = subcommand_parser(self, subcommand)
         default_env, parser.default_env = parser.default_env, False
-        try:
-            base = parser.parse_args([f"--config={c}" for c in job]) if job else parser.get_defaults()
+        try:  # the same model class: a job config of it keeps its values, of another class gives the defaults
+            base = parser.parse_args([*(f"--config={c}" for c in job), f"--model={config.model.class_path}"])
         finally:
             parser.default_env = default_env
-        now, job_values = _leaves(config.model.get("init_args")), _leaves(getattr(base.get("model"), "init_args", None))
-        same_class = getattr(base.get("model"), "class_path", None) == config.model.class_path
-        return [
-            key for key in now
-            if key != "weights" and (not same_class or key not in job_values or job_values[key] != now[key])
-        ]  # fmt: skip
+        now, job_values = _leaves(config.model.get("init_args")), _leaves(base.model.get("init_args"))
+        return [key for key in now if key != "weights" and job_values.get(key, now[key]) != now[key]]
 
     def before_instantiate_classes(self) -> None:
         subcommand = self.config.get("subcommand")

@@ -121,3 +121,7 @@ def quiet_library_noise() -> None:
             logging.getLogger(name).addFilter(_DropLines())
     for message, category, module in LIBRARY_WARNINGS:
         warnings.filterwarnings("ignore", message=message, category=category, module=module)
+
+
+# At import, in every process: a DDP launcher's spawned workers import the engine when they unpickle the trainer.
+quiet_library_noise()

@@ -113,17 +113,25 @@ def subcommand_parser(cli: LightningCLI, subcommand: str) -> LightningArgumentPa
     return cli._parser(subcommand)
 
 
+class _DataModuleHook:
+    """LightningCLI's instantiator of the datamodule, then `after(datamodule)` (a class, not a closure: a spawning
+    DDP launcher pickles the parser that holds it)."""
+
+    def __init__(self, cli: LightningCLI, after: Callable[[LightningDataModule], None]) -> None:
+        self.lightning, self.after = _InstantiatorFn(cli=cli, key="data"), after
+
+    def __call__(self, class_type: type, *args: Any, applied_instantiation_links: dict, **kwargs: Any) -> Any:
+        datamodule = self.lightning(
+            class_type, *args, applied_instantiation_links=applied_instantiation_links, **kwargs
+        )
+        self.after(datamodule)
+        return datamodule
+
+
 def add_datamodule_hook(cli: LightningCLI, after: Callable[[LightningDataModule], None]) -> None:
     """Call `after(datamodule)` right after LightningCLI builds the datamodule (with its own instantiator, which
     records the config as the datamodule's hyper-parameters), before the links read its attributes into the model."""
-    lightning = _InstantiatorFn(cli=cli, key="data")
-
-    def instantiate(class_type: type, *args: Any, applied_instantiation_links: dict, **kwargs: Any) -> Any:
-        datamodule = lightning(class_type, *args, applied_instantiation_links=applied_instantiation_links, **kwargs)
-        after(datamodule)
-        return datamodule
-
-    cli.parser.add_instantiator(instantiate, LightningDataModule, subclasses=True, prepend=True)
+    cli.parser.add_instantiator(_DataModuleHook(cli, after), LightningDataModule, subclasses=True, prepend=True)
 
 
 def format_summary_table(*args: Any) -> str:

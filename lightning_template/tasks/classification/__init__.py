@@ -1,37 +1,34 @@
 """Classification: SimpleCNN, a transformer on text tokens or image patches, ResNet fine-tuning, their datamodules
-and callbacks. Configs name them as `lightning_template.tasks.classification.<Name>`."""
+and callbacks. Configs name them as `lightning_template.tasks.classification.<Name>`.
 
-from lightning_template.tasks.classification.callbacks.finetuning import TwoStageFinetuning
-from lightning_template.tasks.classification.callbacks.visual import (
-    AugmentedBatchImages,
-    ConfusionMatrixImage,
-    WeightHistograms,
-)
-from lightning_template.tasks.classification.data.cifar import CIFAR10DataModule
-from lightning_template.tasks.classification.data.image_folder import ImageFolderDataModule
-from lightning_template.tasks.classification.data.in_memory import InMemoryImageDataModule
-from lightning_template.tasks.classification.data.mnist import FashionMNISTDataModule, MNISTDataModule
-from lightning_template.tasks.classification.data.text import TextClassificationDataModule
-from lightning_template.tasks.classification.models.base import ClassificationModule
-from lightning_template.tasks.classification.models.resnet import ResNetClassifier
-from lightning_template.tasks.classification.models.seam import ClassifierNet
-from lightning_template.tasks.classification.models.simple_cnn import SimpleCNN
-from lightning_template.tasks.classification.models.transformer import TransformerClassifier
+The names are imported when first asked for (PEP 562's module `__getattr__`), not with the package: a module of
+it that needs no torch (`input_spec.py`, which the serving extra reads to serve ONNX files) stays torch-free.
+"""
 
-__all__ = [
-    "AugmentedBatchImages",
-    "CIFAR10DataModule",
-    "ClassificationModule",
-    "ClassifierNet",
-    "ConfusionMatrixImage",
-    "FashionMNISTDataModule",
-    "ImageFolderDataModule",
-    "InMemoryImageDataModule",
-    "MNISTDataModule",
-    "ResNetClassifier",
-    "SimpleCNN",
-    "TextClassificationDataModule",
-    "TransformerClassifier",
-    "TwoStageFinetuning",
-    "WeightHistograms",
-]
+import importlib
+from typing import Any
+
+_WHERE = {
+    "TwoStageFinetuning": "callbacks.finetuning",
+    "AugmentedBatchImages": "callbacks.visual",
+    "ConfusionMatrixImage": "callbacks.visual",
+    "WeightHistograms": "callbacks.visual",
+    "CIFAR10DataModule": "data.cifar",
+    "ImageFolderDataModule": "data.image_folder",
+    "InMemoryImageDataModule": "data.in_memory",
+    "FashionMNISTDataModule": "data.mnist",
+    "MNISTDataModule": "data.mnist",
+    "TextClassificationDataModule": "data.text",
+    "ClassificationModule": "models.base",
+    "ResNetClassifier": "models.resnet",
+    "ClassifierNet": "models.seam",
+    "SimpleCNN": "models.simple_cnn",
+    "TransformerClassifier": "models.transformer",
+}
+__all__ = sorted(_WHERE)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _WHERE:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{_WHERE[name]}"), name)
