@@ -3,17 +3,20 @@
 from __future__ import annotations
 
 import os
+import pickle
 import signal
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from lightning import Trainer
 from PIL import Image
 
+from lightning_template.tasks.classification import ResNetClassifier
 from lightning_template.tasks.classification.data.fortunes import FORTUNES_DIR
 from lightning_template.tasks.classification.data.fortunes import build as build_fortunes
 from lightning_template.tasks.classification.data.idx import read_idx
@@ -141,6 +144,45 @@ def sigterm_at(epoch: int, batch: int, rank: int | None = None) -> list[str]:
         f"--trainer.callbacks.batch={batch}", f"--trainer.callbacks.signum={int(signal.SIGTERM)}",
     ]  # fmt: skip
     return flags + ([f"--trainer.callbacks.rank={rank}"] if rank is not None else [])
+
+
+@pytest.fixture(scope="session")
+def offline_inputs(tmp_path_factory: pytest.TempPathFactory, fashion_mnist_dir: Path) -> dict[str, Path]:
+    """Stand-ins for what a job downloads (ImageNet weights, MNIST, CIFAR-10), made from real Fashion-MNIST."""
+    root = tmp_path_factory.mktemp("offline")
+    mnist = root / "data" / "MNIST" / "raw"  # MNIST's IDX layout, with Fashion-MNIST's files in it
+    mnist.mkdir(parents=True)
+    for source in fashion_mnist_dir.glob("*-ubyte.gz"):
+        (mnist / source.name).symlink_to(source)
+    cifar = root / "data" / "cifar-10-batches-py"  # the official pickles: 32x32 RGB, 10 classes
+    cifar.mkdir(parents=True)
+    images = read_idx(fashion_mnist_dir / "t10k-images-idx3-ubyte.gz")[:1200].numpy()
+    labels = read_idx(fashion_mnist_dir / "t10k-labels-idx1-ubyte.gz")[:1200].tolist()
+    rgb = np.repeat(np.pad(images, ((0, 0), (2, 2), (2, 2)))[:, None], 3, axis=1).reshape(len(images), -1)
+    for i, name in enumerate([*(f"data_batch_{i}" for i in range(1, 6)), "test_batch"]):
+        with open(cifar / name, "wb") as f:
+            pickle.dump({"data": rgb[i * 200 : (i + 1) * 200], "labels": labels[i * 200 : (i + 1) * 200]}, f)
+    weights = save_random_weights(ResNetClassifier, root / "resnet18.pth")
+    return {"root": root, "resnet_weights": weights}
+
+
+def offline_flags(config: str, inputs: dict[str, Path], request: pytest.FixtureRequest) -> list[str]:
+    """What a job config needs on this offline machine: local weights, MNIST and CIFAR-10 stand-ins, an image
+    tree, the fortune JSONL files."""
+    text = (ROOT / config).read_text()
+    flags = []
+    if "weights: DEFAULT" in text:
+        flags.append(f"--model.init_args.weights={inputs['resnet_weights']}")
+    if "ImageFolderDataModule" in text:
+        flags += [f"--data.init_args.root={request.getfixturevalue('image_tree')}", "--data.init_args.image_size=64"]
+    if "TextClassificationDataModule" in text:
+        texts = request.getfixturevalue("fortunes_dir")
+        flags += [f"--data.init_args.{s}_file={texts / f'{s}.jsonl'}" for s in ("train", "val", "test")]
+    if ("MNISTDataModule" in text and "Fashion" not in text) or "CIFAR10DataModule" in text:
+        flags.append(f"--data.init_args.data_dir={inputs['root'] / 'data'}")
+    if "CIFAR10DataModule" in text:  # 1,000 training images here
+        flags.append("--data.init_args.val_size=100")
+    return flags
 
 
 def last_checkpoint(workdir: Path) -> dict:

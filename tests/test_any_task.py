@@ -40,9 +40,19 @@ def stopped_and_resumed_equals_uninterrupted(
     return stopped.stdout + stopped.stderr + resumed.stdout + resumed.stderr
 
 
-def test_a_plain_task_stopped_mid_epoch_resumes_exactly_with_its_own_metrics(tmp_path: Path) -> None:
-    output = stopped_and_resumed_equals_uninterrupted(tmp_path, [*PLAIN, *SHORT], sigterm_at(epoch=1, batch=5))
-    assert "ExactResume: continuing epoch 1 after 6 batches." in output
+def test_a_plain_task_stopped_mid_epoch_resumes_exactly_with_its_own_metrics(tmp_path: Path, monkeypatch, capsys):
+    """The uninterrupted run and the resume in this process, the stop by a real SIGTERM in a process of its own."""
+    args = ["fit", *PLAIN, *SHORT, "--data.train_size=400"]
+    (tmp_path / "full").mkdir()
+    monkeypatch.chdir(tmp_path / "full")
+    TemplateCLI(args=args)
+    stopped = train_process([*args, *sigterm_at(epoch=1, batch=5)], tmp_path / "cut", expect=STOPPED)
+    monkeypatch.chdir(tmp_path / "cut")
+    TemplateCLI(args=[*args, "--ckpt_path=last"])
+    full, cut = last_checkpoint(tmp_path / "full"), last_checkpoint(tmp_path / "cut")
+    assert cut["global_step"] == full["global_step"] == 26
+    assert same_state(full["state_dict"], cut["state_dict"]), "weights differ after the resume"
+    output = stopped.stdout + stopped.stderr + "".join(capsys.readouterr())
     assert "epoch 2/2  train_loss" in output and "val_loss" in output  # the console's epoch line, its own metrics
     for unwanted in ("Warning", "warn", "EvalOutput", "num_classes", "Traceback"):
         assert unwanted not in output, unwanted
@@ -81,6 +91,7 @@ def test_a_monitored_metric_the_model_never_logs_is_named_with_what_it_logged(tm
         TemplateCLI(args=["fit", *PLAIN, *SHORT, "--early_stopping.monitor=val_mae"])
 
 
+@pytest.mark.slow
 def test_a_loader_that_cannot_be_skipped_into_is_named_when_training_starts(tmp_path: Path) -> None:
     """An IterableDataset: said at the start, and a mid-epoch resume says what it does instead of skipping."""
     args = [*PLAIN, *SHORT, "--data.stream=true"]
@@ -92,16 +103,18 @@ def test_a_loader_that_cannot_be_skipped_into_is_named_when_training_starts(tmp_
     assert "resuming epoch 0 after 6 batches, but the training loader reads an IterableDataset" in resumed.stderr
 
 
+@pytest.mark.slow
 def test_a_non_finite_loss_stops_a_plain_task_in_one_line(tmp_path: Path) -> None:
     done = train_process(["fit", *PLAIN, *SHORT, "--model.nan_at_step=3"], tmp_path, expect=1)
     assert "Error: Loss became nan in epoch 0, batch_idx 3 (optimizer step 3)." in done.stderr
     assert "Traceback" not in done.stderr
 
 
-def test_predictions_of_a_plain_task_are_written_one_row_per_sample(tmp_path: Path) -> None:
-    train_process(["fit", *PLAIN, *SHORT, "--trainer.max_epochs=1"], tmp_path)
+def test_predictions_of_a_plain_task_are_written_one_row_per_sample(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    TemplateCLI(args=["fit", *PLAIN, *SHORT, "--trainer.max_epochs=1", "--data.train_size=320"])
     checkpoint = next(tmp_path.glob("logs/*/version_0/checkpoints/last.ckpt"))
-    train_process(["predict", *PLAIN, f"--ckpt_path={checkpoint}", "--trainer.enable_progress_bar=false"], tmp_path)
+    TemplateCLI(args=["predict", *PLAIN, f"--ckpt_path={checkpoint}", "--trainer.enable_progress_bar=false"])
     with open(tmp_path / "predictions.csv", newline="") as f:
         rows = list(csv.DictReader(f))
     assert len(rows) == 256 and list(rows[0]) == ["index", "output_0"]

@@ -13,8 +13,8 @@ from lightning.pytorch.callbacks import EarlyStopping, LearningRateMonitor
 
 from lightning_template.engine import ExactResume, FiniteLossGuard, ResumeCheckpoint
 from lightning_template.engine.cli import DATA_FACTS, TemplateCLI
-from lightning_template.tasks.classification import ResNetClassifier, SimpleCNN
-from tests.conftest import QUICK, ROOT, run_cli, save_random_weights
+from lightning_template.tasks.classification import SimpleCNN
+from tests.conftest import QUICK, ROOT, offline_flags, run_cli, save_random_weights
 from tests.helpers import event_tags, same_state, scalar_steps
 
 CONFIGS = sorted((ROOT / "configs").glob("*.yaml"))
@@ -22,37 +22,28 @@ JOBS = [c for c in CONFIGS if c.name != "defaults.yaml"]
 SHARED = ("logger", "ModelCheckpoint", "EarlyStopping", "LearningRateMonitor", "save_dir", "seed_everything")
 
 
-@pytest.fixture(scope="module")
-def local_resnet_weights(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Offline stand-in for ImageNet weights: a torchvision-style ResNet-18 state dict on disk."""
-    return save_random_weights(ResNetClassifier, tmp_path_factory.mktemp("weights") / "resnet18.pth")
-
-
 @pytest.mark.parametrize("config", JOBS, ids=lambda p: p.name)
-def test_every_job_config_is_a_short_delta_that_instantiates(
-    config: Path, tmp_path: Path, monkeypatch, local_resnet_weights: Path, fortunes_dir: Path
+def test_every_job_config_is_a_short_delta_that_trains_a_few_steps(
+    config: Path, tmp_path: Path, monkeypatch, offline_inputs: dict[str, Path], request: pytest.FixtureRequest
 ) -> None:
+    """Each shipped job, end to end at a few steps: parsed over the defaults, built, two training and validation
+    batches (fast_dev_run), a test batch where the job tests after fit."""
     text = config.read_text()
     assert len(text.splitlines()) <= 25 and not [word for word in SHARED if word in text]
     monkeypatch.chdir(tmp_path)
-    overrides = []  # what this offline machine lacks: ImageNet weights, an image tree, the text files
-    if "weights: DEFAULT" in text:
-        overrides.append(f"--model.init_args.weights={local_resnet_weights}")
-    if "ImageFolderDataModule" in text:
-        for name in ("cat", "dog"):
-            (tmp_path / "images" / "train" / name).mkdir(parents=True)
-        overrides.append("--data.init_args.root=images")
-    if "TextClassificationDataModule" in text:
-        overrides += [f"--data.init_args.{s}_file={fortunes_dir / f'{s}.jsonl'}" for s in ("train", "val", "test")]
-    cli = TemplateCLI(args=["--config", str(config), *overrides], run=False)
+    flags = offline_flags(str(config.relative_to(ROOT)), offline_inputs, request)
+    cli = TemplateCLI(args=["--config", str(config), *flags, "--trainer.fast_dev_run=2"], run=False)
     # facts of the data are linked into the model, not typed twice
     linked = [name for name in DATA_FACTS if hasattr(cli.datamodule, name) and name in cli.model.hparams]
-    assert linked and all(
-        cli.model.hparams[name] == getattr(cli.datamodule, name) for name in linked
-    )  # not typed twice
+    assert linked and all(cli.model.hparams[name] == getattr(cli.datamodule, name) for name in linked)
     types = {type(c) for c in cli.trainer.callbacks}
     assert {ExactResume, ResumeCheckpoint, FiniteLossGuard, LearningRateMonitor, EarlyStopping} <= types
-    assert cli.trainer.logger.name == config.stem  # the run is named after its config file
+    assert cli.config.trainer.logger.init_args.name == config.stem  # the run is named after its config file
+    cli.trainer.fit(cli.model, datamodule=cli.datamodule)
+    assert cli.trainer.global_step == 2 and "val_loss" in cli.trainer.callback_metrics
+    if "test_after_fit: true" in text:
+        cli.trainer.test(cli.model, datamodule=cli.datamodule)
+        assert "test_loss" in cli.trainer.callback_metrics
 
 
 def test_print_config_still_shows_everything(capsys) -> None:

@@ -122,6 +122,7 @@ def test_rich_in_a_terminal_and_epoch_lines_elsewhere(terminal: bool, monkeypatc
     assert quiet.progress_bar_callback is None  # no clash with Lightning's switch
 
 
+@pytest.mark.slow
 def test_epoch_lines_show_this_epochs_train_acc_and_time_after_a_mid_epoch_resume(
     tmp_path: Path, quick_trainer, capsys, fashion_mnist_dir
 ) -> None:

@@ -196,6 +196,7 @@ def check_project(project: Path, case: str) -> None:
     assert "\n\n\n" not in makefile
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_copy_makes_the_project_asked_for(case: str, template: Path, tmp_path: Path) -> None:
     project = make_project(template, tmp_path / "project", CASES[case][0])

@@ -124,6 +124,7 @@ def test_corrupt_checkpoint_is_refused_before_anything_runs(simple_cnn_checkpoin
         TemplateCLI(args=[*args, f"--ckpt_path={tmp_path / 'nope.ckpt'}"])
 
 
+@pytest.mark.slow
 def test_interrupted_checkpoint_write_leaves_the_previous_file_intact(
     tmp_path: Path, quick_trainer, fashion_mnist_dir, monkeypatch
 ) -> None:

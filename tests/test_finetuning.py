@@ -66,6 +66,7 @@ def test_train_bn_lets_batchnorm_statistics_move(quick_trainer, resnet_weights) 
     )
 
 
+@pytest.mark.slow
 def test_unfreezing_adds_named_backbone_groups_at_the_ratio(tmp_path: Path, quick_trainer, resnet_weights) -> None:
     logger = TensorBoardLogger(tmp_path, name="ft")
     finetuning = TwoStageFinetuning(unfreeze_at_epoch=1, backbone_lr_ratio=0.25, backbone_warmup_epochs=1)
@@ -85,6 +86,7 @@ def test_unfreezing_adds_named_backbone_groups_at_the_ratio(tmp_path: Path, quic
     assert {"lr-AdamW/head", "lr-AdamW/backbone"} <= event_tags(Path(logger.log_dir))
 
 
+@pytest.mark.slow
 def test_plateau_of_the_monitored_metric_triggers_unfreezing(quick_trainer, resnet_weights) -> None:
     # lr=0: val_loss never improves after the first validation, so patience=1 fires after epoch 1.
     finetuning = TwoStageFinetuning(unfreeze_at_epoch=None, patience=1, monitor="val_loss")

@@ -32,6 +32,7 @@ def test_folds_partition_real_labels_stratified_and_seeded(fashion_mnist_dir: Pa
     assert not torch.equal(fold_split(labels, 3, 1, seed=7)[1], folds[1][1])
 
 
+@pytest.mark.slow
 def test_in_memory_folds_replace_the_holdout_and_leave_test_alone(fashion_mnist_dir: Path) -> None:
     plain = FashionMNISTDataModule(data_dir=str(fashion_mnist_dir))
     plain.setup("fit")

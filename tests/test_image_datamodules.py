@@ -72,6 +72,7 @@ def test_corrupt_file_stops_the_run_when_asked_also_from_a_worker(image_root: Pa
         next(iter(dm.train_dataloader()))
 
 
+@pytest.mark.slow
 def test_eval_transform_is_deterministic_and_train_is_random(image_root: Path) -> None:
     dm = ImageFolderDataModule(root=str(image_root), image_size=24, batch_size=4, num_workers=0)
     dm.setup("fit")

@@ -8,17 +8,13 @@ fine-tuning jobs run with the suite, every case with `make matrix`.
 
 from __future__ import annotations
 
-import pickle
 import signal
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import numpy as np
 import pytest
 
-from lightning_template.tasks.classification import ResNetClassifier
-from lightning_template.tasks.classification.data.idx import read_idx
-from tests.conftest import ROOT, last_checkpoint, save_random_weights, sigterm_at, train_process
+from tests.conftest import ROOT, last_checkpoint, offline_flags, sigterm_at, train_process
 from tests.helpers import same_state
 
 JOBS = sorted(p.stem for p in (ROOT / "configs").glob("*.yaml") if p.stem != "defaults")
@@ -37,7 +33,7 @@ class Case:
     job: str
     presets: tuple[str, ...] = ()
     flags: tuple[str, ...] = ()
-    needs: tuple[str, ...] = field(default=(), compare=False)  # fixtures: "weights", "images", "text", ...
+    needs: tuple[str, ...] = field(default=(), compare=False)  # "fmnist_weights": an earlier run's network
     stop_at: tuple[int, int] = STOP_AT
 
     @property
@@ -51,13 +47,7 @@ class Case:
 
 def _cases() -> list[Case]:
     """One case per job config; the presets that add a callback, on the job they are meant for."""
-    special = {
-        "resnet_finetune": Case("resnet_finetune", needs=("resnet_weights", "images")),
-        "resnet_cifar10": Case("resnet_cifar10", needs=("resnet_weights", "cifar")),
-        "simple_cnn_mnist": Case("simple_cnn_mnist", needs=("mnist",)),
-        "transformer_text": Case("transformer_text", needs=("text",)),
-    }
-    cases = [special.get(job, Case(job)) for job in JOBS]
+    cases = [Case(job) for job in JOBS]
     # Stopped in stage 1 (epoch 1), unfrozen at epoch 2 by the preset after the resume.
     cases.append(Case("resnet_fmnist_small", ("transfer",), ("--trainer.max_epochs=3",), ("fmnist_weights",)))
     presets = {p.stem for p in (ROOT / "configs" / "presets").glob("*.yaml")}
@@ -75,41 +65,10 @@ def _marks(case: Case) -> list[pytest.MarkDecorator]:
     return [pytest.mark.slow] + ([] if case.id in IN_SUITE else [pytest.mark.matrix])
 
 
-@pytest.fixture(scope="module")
-def offline_inputs(tmp_path_factory: pytest.TempPathFactory, fashion_mnist_dir: Path) -> dict[str, Path]:
-    """Stand-ins for what a job downloads (ImageNet weights, MNIST, CIFAR-10), made from real Fashion-MNIST."""
-    root = tmp_path_factory.mktemp("offline")
-    mnist = root / "data" / "MNIST" / "raw"  # MNIST's IDX layout, with Fashion-MNIST's files in it
-    mnist.mkdir(parents=True)
-    for source in fashion_mnist_dir.glob("*-ubyte.gz"):
-        (mnist / source.name).symlink_to(source)
-    cifar = root / "data" / "cifar-10-batches-py"  # the official pickles: 32x32 RGB, 10 classes
-    cifar.mkdir(parents=True)
-    images = read_idx(fashion_mnist_dir / "t10k-images-idx3-ubyte.gz")[:1200].numpy()
-    labels = read_idx(fashion_mnist_dir / "t10k-labels-idx1-ubyte.gz")[:1200].tolist()
-    rgb = np.repeat(np.pad(images, ((0, 0), (2, 2), (2, 2)))[:, None], 3, axis=1).reshape(len(images), -1)
-    for i, name in enumerate([*(f"data_batch_{i}" for i in range(1, 6)), "test_batch"]):
-        with open(cifar / name, "wb") as f:
-            pickle.dump({"data": rgb[i * 200 : (i + 1) * 200], "labels": labels[i * 200 : (i + 1) * 200]}, f)
-    weights = save_random_weights(ResNetClassifier, root / "resnet18.pth")
-    return {"root": root, "resnet_weights": weights}
-
-
 def _flags(case: Case, inputs: dict[str, Path], request: pytest.FixtureRequest) -> list[str]:
-    flags = []
-    if "resnet_weights" in case.needs:
-        flags.append(f"--model.init_args.weights={inputs['resnet_weights']}")
+    flags = offline_flags(f"configs/{case.job}.yaml", inputs, request)
     if "fmnist_weights" in case.needs:  # an earlier run's network, as `make transfer` passes step 1's checkpoint
         flags.append(f"--model.weights={inputs['resnet_weights']}")
-    if "images" in case.needs:
-        flags += [f"--data.init_args.root={request.getfixturevalue('image_tree')}", "--data.init_args.image_size=64"]
-    if "text" in case.needs:
-        texts = request.getfixturevalue("fortunes_dir")
-        flags += [f"--data.init_args.{s}_file={texts / f'{s}.jsonl'}" for s in ("train", "val", "test")]
-    if {"mnist", "cifar"} & set(case.needs):
-        flags.append(f"--data.init_args.data_dir={inputs['root'] / 'data'}")
-    if "cifar" in case.needs:  # 1,000 training images here
-        flags.append("--data.init_args.val_size=100")
     return flags
 
 

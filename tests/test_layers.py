@@ -32,6 +32,7 @@ EXTRA_MODULES = [
 ]
 
 
+@pytest.mark.slow
 def test_the_core_trains_with_every_extra_unimportable(tmp_path: Path) -> None:
     blocked = "; ".join(f"sys.modules[{name!r}] = None" for name in EXTRA_MODULES)  # `import` of it fails
     code = f"import sys; {blocked}; from lightning_template.engine.cli import main; main()"

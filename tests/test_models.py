@@ -117,6 +117,7 @@ def test_input_conv_adaptation_keeps_the_response_to_a_gray_image(stored: int, w
     torch.testing.assert_close(nn.functional.conv2d(gray.expand(-1, wanted, -1, -1), adapted), expected)
 
 
+@pytest.mark.slow
 def test_gray_checkpoint_trains_on_rgb_files_and_rgb_weights_on_gray_data(
     tmp_path: Path, quick_trainer, image_tree: Path
 ) -> None:

@@ -94,6 +94,7 @@ def _fit(
     return trainer
 
 
+@pytest.mark.slow
 def test_sigint_stops_gracefully_and_restores_the_handler(tmp_path: Path, fashion_mnist_dir) -> None:
     previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
@@ -106,6 +107,7 @@ def test_sigint_stops_gracefully_and_restores_the_handler(tmp_path: Path, fashio
     assert torch.load(tmp_path / "last.ckpt", weights_only=True)["global_step"] == 8 + 6
 
 
+@pytest.mark.slow
 def test_a_stop_request_ends_with_the_run_that_received_it(tmp_path: Path, fashion_mnist_dir) -> None:
     """The same callbacks in a later fit of the process (a notebook, a test) do not stop on an old SIGTERM."""
     exact_resume = ExactResume()
@@ -132,6 +134,7 @@ def test_step_checkpoint_resumes_at_the_next_batch(tmp_path: Path, fashion_mnist
     assert same_state(full.lightning_module.state_dict(), resumed.lightning_module.state_dict())
 
 
+@pytest.mark.slow
 def test_mid_epoch_validation_checkpoint_resumes_in_its_own_epoch(tmp_path: Path, fashion_mnist_dir) -> None:
     """val_check_interval < 1: the last checkpoint of epoch 0 is written at its last validation, inside the
     epoch; the resumed run must not apply the skip to epoch 1."""
@@ -168,6 +171,7 @@ def test_last_checkpoint_is_never_written_inside_an_accumulation_window(tmp_path
     assert seen.seen == [None] * 6 + [3, 3]  # validations after 3 batches (inside a step: skipped) and 6
 
 
+@pytest.mark.slow
 def test_longer_run_after_resume_follows_the_new_schedule(tmp_path: Path, fashion_mnist_dir) -> None:
     """Resume with a larger max_epochs: the cosine decays to the new end, not to 0 at the old one."""
     full, resumed = LearningRates(), LearningRates()
@@ -198,6 +202,7 @@ def test_checkpoints_hold_no_device_random_state(tmp_path: Path, fashion_mnist_d
     }  # fmt: skip
 
 
+@pytest.mark.slow
 def test_same_seed_same_run_and_another_seed_another(tmp_path: Path, fashion_mnist_dir) -> None:
     runs = []
     for seed in (7, 7, 8):
@@ -241,12 +246,14 @@ def test_streamed_resume_with_other_loader_workers_is_refused(tmp_path, image_tr
         )
 
 
+@pytest.mark.slow
 def test_last_checkpoint_holds_the_steps_after_the_last_mid_epoch_validation(tmp_path: Path, fashion_mnist_dir) -> None:
     """7 batches, validation every 3: the finished run's last.ckpt is at step 7, not at the validation of step 6."""
     _fit(tmp_path, max_epochs=1, limit_train_batches=7, val_check_interval=0.5)
     assert torch.load(tmp_path / "last.ckpt", weights_only=True)["global_step"] == 7
 
 
+@pytest.mark.slow
 def test_exact_mid_epoch_resume_is_not_called_unresumable(tmp_path: Path, fashion_mnist_dir) -> None:
     """Lightning's warning about a loader without state_dict is untrue for the template's loaders: silenced for the
     run, and only for it."""

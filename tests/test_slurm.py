@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import yaml
 
 from tests.conftest import ROOT
@@ -20,6 +21,7 @@ def base_env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "MASTER_", "TORCHELASTIC"))}
 
 
+@pytest.mark.slow
 def test_the_sbatch_script_gives_the_configuration_the_tests_run(tmp_path: Path) -> None:
     """configs/slurm/ddp.sbatch as SLURM runs it (sbatch's variables set, `srun` replaced by a stub that
     prints the configuration its command parses to, instead of training)."""

@@ -17,10 +17,10 @@ from tests.helpers import event_tags
 # transfer.yaml needs weights (tests/test_finetuning.py); the tracker presets have tests/trackers/,
 # the batch-size finder tests/tools/.
 OWN_TESTS = {"transfer.yaml", "csv_logger.yaml", "mlflow.yaml", "wandb.yaml", "batch_size_finder.yaml"}
+# The suite's fast part runs the debug preset; every preset runs in `make test-all` (EMA and SWA: also
+# tests/tools/test_averaging.py).
 PRESETS = [
-    pytest.param(
-        p, marks=[pytest.mark.slow] if p.name in {"ema.yaml", "swa.yaml"} else []
-    )  # and tests/tools/test_averaging.py
+    pytest.param(p, marks=[] if p.name == "debug.yaml" else [pytest.mark.slow])
     for p in sorted((ROOT / "configs" / "presets").glob("*.yaml"))
     if p.name not in OWN_TESTS
 ]

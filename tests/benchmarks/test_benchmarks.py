@@ -37,6 +37,7 @@ def test_summary_of_known_values() -> None:
     assert summary.relative_ci() == pytest.approx(4.5 / 10.5)
 
 
+@pytest.mark.slow
 def test_gpu_script_without_cuda_says_so_and_measures_nothing(tmp_path: Path) -> None:
     # This interpreter, not a .venv the script would first create and install (minutes); starting torch and
     # Lightning takes seconds on an idle machine and minutes on a loaded one: the limit leaves room for both.

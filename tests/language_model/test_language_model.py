@@ -76,6 +76,7 @@ def _generate(workdir: Path, *flags: str) -> list[dict[str, str]]:
         return list(csv.DictReader(f))
 
 
+@pytest.mark.slow
 def test_generation_from_a_checkpoint_is_the_same_for_the_same_seed(trained: Path) -> None:
     first, again = _generate(trained), _generate(trained)
     assert len(first) == 3 and first == again
@@ -86,6 +87,7 @@ def test_generation_from_a_checkpoint_is_the_same_for_the_same_seed(trained: Pat
     assert [r["generated"] for r in hot] != [r["generated"] for r in first]
 
 
+@pytest.mark.slow
 def test_generation_continues_the_lines_of_a_prompts_file(trained: Path) -> None:
     prompts = trained / "prompts.txt"
     prompts.write_text("A computer\nThe cat\n", encoding="utf-8")

@@ -47,6 +47,7 @@ def fashion_stream(tmp_path_factory: pytest.TempPathFactory, fashion_mnist_dir) 
     return output
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("images", ["raw", "encoded"])
 def test_in_memory_images_round_trip(tmp_path: Path, fashion_mnist_dir, images: str) -> None:
     source = FashionMNISTDataModule(**SUBSET)
@@ -180,6 +181,7 @@ def test_encoded_images_of_any_size_decode_to_the_stored_square() -> None:
     assert image.shape == (3, 64, 64) and image.dtype == np.uint8
 
 
+@pytest.mark.slow
 def test_every_streaming_datamodule_meets_the_contract(image_tree: Path, fortunes_dir: Path, tmp_path: Path) -> None:
     text = TextClassificationDataModule(train_file=str(fortunes_dir / "train.jsonl"))
     convert(text, str(tmp_path / "text"), num_workers=1)

@@ -74,6 +74,7 @@ def test_csv_and_wandb_offline_presets_write_their_files(tmp_path: Path, monkeyp
     assert list((offline / "files" / "media" / "images").rglob("*.png"))
 
 
+@pytest.mark.slow
 def test_a_tracker_that_is_not_installed_is_named_with_the_fix(tmp_path: Path) -> None:
     # without wandb
     code = "import sys; sys.modules['wandb'] = None; from lightning_template.engine.cli import main; main()"
@@ -85,6 +86,7 @@ def test_a_tracker_that_is_not_installed_is_named_with_the_fix(tmp_path: Path) -
     assert not (tmp_path / "logs").exists()  # before anything ran
 
 
+@pytest.mark.slow
 def test_each_mlflow_run_of_a_job_has_its_own_name(tmp_path: Path, monkeypatch) -> None:
     """MLflow names runs from Python's `random`, which every run of a job seeds alike."""
     monkeypatch.chdir(tmp_path)
