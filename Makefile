@@ -1,4 +1,6 @@
-# Set-up is part of every target: a fresh clone needs only `make train` or `make test`.
+# Set-up is part of every target: a fresh clone needs only `make train` or `make test`. Each target installs the
+# dependency groups of pyproject.toml it needs, once: `make train` the core alone; `make test` adds `test`,
+# `make lint` adds `lint`, `make docs` adds `docs`, and each extra's targets their own group.
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -8,7 +10,7 @@ ARGS ?=
 export MALLOC_MMAP_THRESHOLD_ ?= 33554432
 export MALLOC_TRIM_THRESHOLD_ ?= 1073741824
 
-.PHONY: install data train test matrix lint format hooks docs clean transfer fortunes text-data
+.PHONY: install data train test test-all matrix lint format hooks docs clean transfer fortunes text-data
 # extra:search
 .PHONY: tune seeds
 # /extra:search
@@ -23,13 +25,20 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 
 $(VENV)/.installed: pyproject.toml | $(BIN)/python
-	$(BIN)/pip install -e '.[test]'
+	$(BIN)/pip install -e .
 	touch $@
 
+# A dependency group on top of the core: .venv/.installed-test, -lint, -docs, -tune, -serve, ...
+$(VENV)/.installed-%: $(VENV)/.installed
+	$(BIN)/pip install -e '.[$*]'
+	touch $@
+
+.PRECIOUS: $(VENV)/.installed-%
 install: $(VENV)/.installed
 
+# Fashion-MNIST where the datamodule finds it (a missing copy: one line saying where to put it).
 data: install
-	$(BIN)/python -c "from lightning_template.tasks.classification import FashionMNISTDataModule as D; D().prepare_data()"
+	$(BIN)/python -m lightning_template.tasks.classification.data.mnist
 
 # What `make train` prepares first: the fortunes for the text jobs, nothing for your own image folders
 # (configs/resnet_finetune.yaml reads data/images/), Fashion-MNIST otherwise.
@@ -40,25 +49,31 @@ train: $(TRAIN_DATA)
 # extra:search
 # Hyperparameter search, the command of docs/experiments.md; run it again to continue a stopped search.
 TRIALS ?= 12
-tune: data
+tune: data $(VENV)/.installed-tune
 	$(BIN)/python tune.py --config $(CONFIG) --search configs/search/$(notdir $(CONFIG)) --trials $(TRIALS) \
 		--study $(basename $(notdir $(CONFIG))) --seed 0 --trainer.max_epochs=3 --test_after_fit=false $(ARGS)
 
 # The job over 3 seeds, mean ± std of its validation and test metrics.
-seeds: data
+seeds: data $(VENV)/.installed-tune
 	$(BIN)/python multirun.py --config $(CONFIG) --seeds 42 7 123 $(ARGS)
 # /extra:search
 
-test: install
+# What to run after every change (about 1.5 minutes on 2 CPU cores): each job for a few steps, your own model
+# and data, resume at a glance, the quick checks.
+test: $(VENV)/.installed-test
+	$(BIN)/python -m pytest -m "not slow and not matrix"
+
+# Every test but the fault matrix (about 10 minutes): processes, DDP, signals, generated projects, every preset.
+test-all: $(VENV)/.installed-test
 	$(BIN)/python -m pytest
 
-# One extra's tests: make test-search, test-serving, test-streaming, test-tools, test-trackers, test-benchmarks.
-test-%: install
+# One folder of tests, e.g. an extra's: make test-search (tests/search/).
+test-%: $(VENV)/.installed-test
 	$(BIN)/python -m pytest tests/$*
 
-# The whole exact-resume fault-injection matrix (90 cells, about 5 minutes), with its table, and the
+# The whole exact-resume fault-injection matrix (100 cells, about 5 minutes), with its table, and the
 # CLI resume of every job config and callback preset (about 6 minutes).
-matrix: install
+matrix: $(VENV)/.installed-test
 	$(BIN)/python -m pytest tests/test_resume.py -m matrix -s -q
 	$(BIN)/python -m pytest tests/test_job_resume.py -m "matrix or not matrix" -q
 
@@ -87,7 +102,7 @@ bench-scale: data
 
 # extra:serving
 # Requests/s and latency of serve.py (torch and ONNX) at 1, 8, 32 clients, next to train.py predict.
-bench-serve: data text-data
+bench-serve: data text-data $(VENV)/.installed-serve $(VENV)/.installed-export
 	$(BIN)/python -m benchmarks.serving
 # /extra:serving
 # /extra:benchmarks
@@ -96,27 +111,27 @@ bench-serve: data text-data
 # HTTP API for a checkpoint: make serve CKPT=logs/simple_cnn/version_0/checkpoints/last.ckpt
 # (default: the newest last.ckpt of $(CONFIG)'s runs)
 CKPT ?= $(shell ls -t logs/$(basename $(notdir $(CONFIG)))/version_*/checkpoints/last.ckpt 2>/dev/null | head -1)
-serve: install
+serve: $(VENV)/.installed-serve
 	@test -n "$(CKPT)" || { echo "No checkpoint of $(CONFIG) in logs/: make train first, or make serve CKPT=<path>"; exit 1; }
 	$(BIN)/python serve.py --ckpt_path $(CKPT) $(ARGS)
 # /extra:serving
 
-lint: install
+lint: $(VENV)/.installed-lint
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/lint-imports
 
-format: install
+format: $(VENV)/.installed-lint
 	$(BIN)/ruff check --fix .
 	$(BIN)/ruff format .
 
 # The checks of .pre-commit-config.yaml (ruff, end of files, large files) before each commit. Its hooks run the
 # tools of this venv: commit with it active (`. .venv/bin/activate`), or run `make lint` before.
-hooks: install
+hooks: $(VENV)/.installed-lint
 	$(BIN)/pre-commit install
 
 # The documentation site (docs/, mkdocs.yml) into site/; a broken link or anchor fails the build.
-docs: install
+docs: $(VENV)/.installed-docs
 	$(BIN)/mkdocs build --strict
 
 clean:

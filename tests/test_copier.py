@@ -39,8 +39,8 @@ FULL = {
 CASES = {"core": (CORE, "zeta_vision", "zeta-vision"), "full": (FULL, "acme_imaging_experiments", "acme-research")}
 # Optional-dependency groups each case keeps (the trackers' stay with the core: its logger check names them).
 GROUPS = {
-    "core": {"mlflow", "mlflow-ui", "wandb", "docs", "test", "dev"},
-    "full": {"export", "tune", "mlflow", "mlflow-ui", "wandb", "serve", "stream", "docs", "test", "dev"},
+    "core": {"mlflow", "mlflow-ui", "wandb", "docs", "lint", "test", "dev"},
+    "full": {"export", "tune", "mlflow", "mlflow-ui", "wandb", "serve", "stream", "docs", "lint", "test", "dev"},
 }
 NOT_COPIED = [*GENERATE.TEMPLATE_ONLY, "{{ _copier_conf.answers_file }}.jinja"]
 SUBPROCESS_TIMEOUT = 900

@@ -79,3 +79,9 @@ class FashionMNISTDataModule(MNISTDataModule):
         "Bag",
         "Ankle boot",
     )
+
+
+if __name__ == "__main__":  # `make data`: find (or download) Fashion-MNIST; a missing copy is one line with the fix
+    from lightning_template.engine.cli import exit_on_error
+
+    exit_on_error(lambda: FashionMNISTDataModule().prepare_data())
