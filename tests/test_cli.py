@@ -227,6 +227,23 @@ def test_a_misspelled_option_or_file_is_named_first_with_the_nearest_one(capsys)
     assert lines[1] == f"did you mean {ROOT / 'configs/simple_cnn.yaml'}?"
 
 
+def test_a_misspelled_class_a_tab_in_a_config_and_another_class_option_are_one_clear_line(capsys, tmp_path) -> None:
+    config = ["fit", "--config", str(ROOT / "configs/simple_cnn.yaml")]
+    lines = _usage_error([*config, "--model", "SimpleCN"], capsys)
+    assert lines[:2] == [
+        "error: --model SimpleCN: no such class (a task's class name, or an import path)",
+        "did you mean SimpleCNN?",
+    ]  # not jsonargparse's list of Union subtypes
+    (tmp_path / "tabbed.yaml").write_text("model:\n\tclass_path: SimpleCNN\n")
+    line = _usage_error(["fit", "--config", str(tmp_path / "tabbed.yaml")], capsys)[0]
+    assert line.startswith(f"error: a config file is not valid YAML: {tmp_path / 'tabbed.yaml'}: ") and "line 2" in line
+    lines = _usage_error([*config, "--data.image_size=32"], capsys)
+    assert lines[:-1] == [
+        "error: --data.image_size is an argument of ImageFolderDataModule, not of FashionMNISTDataModule (this"
+        " config's class)"
+    ]  # not "did you mean --data.val_size?"
+
+
 def test_model_help_says_what_each_model_accepts_as_weights(capsys) -> None:
     with pytest.raises(SystemExit):
         TemplateCLI(args=["fit", "--model.help", "ResNetClassifier"])

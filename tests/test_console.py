@@ -144,3 +144,20 @@ def test_epoch_lines_show_this_epochs_train_acc_and_time_after_a_mid_epoch_resum
     elapsed = time.monotonic() - started
     resumed = [line for line in capsys.readouterr().out.splitlines() if line.startswith("epoch ")]
     assert resumed[0].startswith("epoch 2/2") and float(resumed[0].rpartition("(")[2].split()[0]) <= elapsed
+
+
+def test_the_epoch_line_shows_the_true_mean_loss_whatever_the_accumulation(tmp_path: Path, monkeypatch, capsys):
+    """Lightning hands callbacks the loss divided by the accumulation count; the epoch line shows the loss itself.
+    With a learning rate of 0 the model never moves: the same batches give the same mean loss for K = 1 and 4."""
+    monkeypatch.chdir(tmp_path)
+    shown = []
+    for accumulate in (1, 4):
+        TemplateCLI(args=[
+            "fit", "--model=tests.plain_task.Regressor", "--data=tests.plain_task.RegressionData", "--model.lr=0",
+            "--trainer.max_epochs=1", "--data.train_size=256", "--trainer.limit_val_batches=1",
+            f"--trainer.accumulate_grad_batches={accumulate}", "--trainer.logger=false",
+            "--trainer.enable_model_summary=false",
+        ])  # fmt: skip
+        line = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("epoch 1/1"))
+        shown.append(float(line.split("train_loss ")[1].split()[0]))
+    assert shown[0] == pytest.approx(shown[1], rel=1e-3) and shown[0] > 0.01

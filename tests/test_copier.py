@@ -133,11 +133,28 @@ def test_a_package_name_is_refused(name: str) -> None:
         GENERATE.check_package_name(name)
 
 
-@pytest.mark.parametrize("name", ["torch", "Zeta-Vision", "a" * 25])
+@pytest.mark.parametrize("name", ["torch", "json", "Zeta-Vision", "a" * 25])
 def test_copier_asks_again_for_a_refused_package_name(name: str, template: Path, tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="package_name"):
         make_project(template, tmp_path / "project", {**CORE, "package_name": name})
     assert not (tmp_path / "project").exists()
+
+
+@pytest.mark.parametrize("name", ["Lightning", "Rich", "Torch", "JSON"])
+def test_a_project_named_like_one_of_its_dependencies_is_refused_at_the_question(name, template, tmp_path) -> None:
+    """Its distribution would depend on itself (pip: ResolutionImpossible)."""
+    with pytest.raises(ValueError, match="project_name"):
+        make_project(template, tmp_path / "project", {**CORE, "project_name": name, "package_name": "zeta"})
+    assert not (tmp_path / "project").exists()
+
+
+def test_a_project_name_beyond_ascii_gets_no_guessed_package_name(template: Path, tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="package_name"):  # r_seau_neuronal is no default: the user types one
+        make_project(template, tmp_path / "project", {**CORE, "project_name": "Réseau Neuronal"})
+    answers = {**CORE, "project_name": "Réseau Neuronal", "package_name": "reseau_neuronal"}
+    project = make_project(template, tmp_path / "project", answers)
+    assert (project / "reseau_neuronal" / "engine" / "cli.py").is_file()
+    assert 'name = "reseau-neuronal"' in (project / "pyproject.toml").read_text()
 
 
 def actionlint() -> str:

@@ -7,14 +7,18 @@ import shutil
 import struct
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from lightning import Callback, seed_everything
+from PIL import Image
 
 from lightning_template.engine import ExactResume, FiniteLossGuard, NonFiniteLossError, ResumeCheckpoint
 from lightning_template.engine.cli import TemplateCLI
 from lightning_template.tasks.classification import FashionMNISTDataModule, ResNetClassifier, SimpleCNN
 from lightning_template.tasks.classification.data.idx import ALL_FILES
+from lightning_template.tasks.classification.data.image_folder import CorruptImageError, load_rgb
+from lightning_template.tasks.classification.data.text import read_records
 from tests.conftest import ROOT
 
 
@@ -156,3 +160,39 @@ def test_a_model_breaking_the_step_output_contract_is_told_what_is_missing(quick
 
     with pytest.warns(UserWarning, match=r"no confusion matrix .* does not return .*models.base.EvalOutput"):
         quick_trainer(callbacks=[ConfusionMatrixImage()]).fit(LossOnly(), datamodule=FashionMNISTDataModule())
+
+
+class PoisonBatch(Callback):
+    """NaN into the inputs of one batch (by its index in the epoch)."""
+
+    def __init__(self, batch_idx: int) -> None:
+        self.batch_idx = batch_idx
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx: int) -> None:
+        if batch_idx == self.batch_idx:
+            batch[0].fill_(float("nan"))
+
+
+def test_a_nan_inside_an_accumulated_step_names_its_own_micro_batch(quick_trainer, fashion_mnist_dir) -> None:
+    """Accumulating 4 micro-batches, the NaN of batch 2 is found at the step (after batch 3): named as batch 2."""
+    trainer = quick_trainer(accumulate_grad_batches=4, callbacks=[FiniteLossGuard(), PoisonBatch(2)])
+    with pytest.raises(NonFiniteLossError, match=r"Loss became nan in epoch 0, batch_idx 2 \(optimizer step 0\)"):
+        trainer.fit(SimpleCNN(), datamodule=FashionMNISTDataModule())
+
+
+def test_a_16_bit_image_is_scaled_not_clipped_and_a_float_one_is_named(tmp_path: Path) -> None:
+    """Pillow's own conversion clips 16-bit gray at 255: a 0..65535 gradient would come back almost white."""
+    gradient = np.tile(np.linspace(0, 65535, 64).astype(np.uint16), (16, 1))
+    Image.fromarray(gradient).save(tmp_path / "deep.png")
+    pixels = np.asarray(load_rgb(str(tmp_path / "deep.png")))
+    assert pixels.shape == (16, 64, 3) and pixels[0, 0, 0] == 0 and pixels[0, -1, 0] == 255
+    assert abs(pixels.mean() - 127.5) < 2  # the gradient, not 99.6% white
+    Image.fromarray(np.ones((8, 8), dtype=np.float32)).save(tmp_path / "float.tiff")
+    with pytest.raises(CorruptImageError, match=r"float.tiff: float pixels, whose range is unknown"):
+        load_rgb(str(tmp_path / "float.tiff"))
+
+
+def test_a_csv_with_a_byte_order_mark_is_read(tmp_path: Path) -> None:
+    """Excel's "CSV UTF-8" starts with a byte-order mark; it is not part of the first column's name."""
+    (tmp_path / "train.csv").write_text("text,label\nhello there,a\nbye now,b\n", encoding="utf-8-sig")
+    assert read_records(tmp_path / "train.csv", "text", "label") == [("hello there", "a"), ("bye now", "b")]

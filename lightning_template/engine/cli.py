@@ -23,6 +23,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NoReturn
 
+import yaml
 from lightning import LightningDataModule
 from lightning.pytorch.callbacks import (
     EarlyStopping,
@@ -85,14 +86,15 @@ def installed_callbacks() -> list[Any]:
     ]
 
 
-def import_tasks() -> None:
+def import_tasks() -> dict[str, type]:
     """Import the classes every task package exports (its `__all__`), so that they can be named by class name
-    alone (`--model SimpleCNN`)."""
+    alone (`--model SimpleCNN`); {name: class}."""
     package = importlib.import_module(TASKS)
+    exported = {}
     for task in sorted(p.name for p in Path(package.__file__).parent.iterdir() if (p / "__init__.py").is_file()):
         module = importlib.import_module(f"{TASKS}.{task}")
-        for name in getattr(module, "__all__", ()):
-            getattr(module, name)
+        exported |= {name: getattr(module, name) for name in getattr(module, "__all__", ())}
+    return exported
 
 
 def is_subclass(class_path: str, base: type) -> bool:
@@ -122,6 +124,43 @@ def _init_parameters(class_path: str) -> set[str]:
         return set()
 
 
+def _path(cls: type) -> str:
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def unreadable_config(argv: list[str]) -> str:
+    """The first `--config` file of `argv` that is not valid YAML, as `path: reason`, or ""."""
+    paths = [argv[i + 1] for i, a in enumerate(argv[:-1]) if a == "--config"]
+    paths += [a.partition("=")[2] for a in argv if a.startswith("--config=")]
+    for path in paths:
+        try:
+            yaml.safe_load(Path(path).read_text())
+        except (OSError, yaml.YAMLError) as err:
+            return f"{path}: {' '.join(str(err).split())}"
+    return ""
+
+
+def one_line(message: str, argv: list[str]) -> str:
+    """jsonargparse's message, or one line that says what it means where it is known to be unclear: a config file
+    that is not YAML (its message lacks the file's name), a misspelled class (a list of Union subtypes), an option
+    of another class of the same kind (image folders' `image_size` given to in-memory data)."""
+    if "Problems parsing config" in message and (which := unreadable_config(argv)):
+        return f"a config file is not valid YAML: {which}"
+    key = re.match(r'Parser key "(\w+)"', message)
+    if key and key.group(1) in ("model", "data") and (name := re.search(r"dot import path string: (\S+)", message)):
+        return f"--{key.group(1)} {name.group(1)}: no such class (a task's class name, or an import path)"
+    nested, classes = re.search(r"NestedArg\(key='(\w+)'", message), re.findall(r"class_path[ =]'([\w.]+)'", message)
+    if key and nested and classes and "is not accepted" in message:
+        option = nested.group(1)
+        owners = [n for n, c in import_tasks().items() if isinstance(c, type) and option in _init_parameters(_path(c))]
+        if owners:
+            return (
+                f"--{key.group(1)}.{option} is an argument of {' / '.join(owners)}, not of"
+                f" {classes[-1].rpartition('.')[2]} (this config's class)"
+            )
+    return message
+
+
 def did_you_mean(message: str, parser: LightningArgumentParser) -> str:
     """A line suggesting the nearest option, class argument, choice or file for a parser error, or ""."""
     close = lambda word, choices: difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)  # noqa: E731
@@ -134,6 +173,8 @@ def did_you_mean(message: str, parser: LightningArgumentParser) -> str:
     if top and nested and classes and "is not accepted" in message:
         path, _, option = f"{top.group(1)}.{nested.group(1)}".rpartition(".")
         suggestions += [f"--{path}.{m}" for m in close(option, _init_parameters(classes[-1]))]
+    if name := re.match(r"--(model|data) (\S+): no such class", message):
+        suggestions += close(name.group(2), [n for n, c in import_tasks().items() if isinstance(c, type)])
     if found := re.search(r"invalid choice: '([^']*)' \(choose from (.*)\)", message):
         suggestions += close(found.group(1), re.findall(r"'([^']*)'", found.group(2)))
     if found := re.search(r"File does not exist: '([^']*)'", message):
@@ -143,6 +184,9 @@ def did_you_mean(message: str, parser: LightningArgumentParser) -> str:
     return f"did you mean {' / '.join(suggestions)}?\n" if suggestions else ""
 
 
+_parsed_args: list[str] = []  # what TemplateCLI is parsing now
+
+
 class TemplateParser(LightningArgumentParser):
     def error(self, message: str, ex: Exception | None = None) -> NoReturn:
         """The reason first, with the nearest valid name, instead of argparse's 80-line usage above it."""
@@ -150,6 +194,7 @@ class TemplateParser(LightningArgumentParser):
             super().error(message, ex)
         parser = getattr(ex, "subcommand_parser", None) or self
         command = parser.prog.replace(" [options]", "")
+        message = one_line(message, _parsed_args or sys.argv[1:])
         sys.stderr.write(f"error: {message}\n{did_you_mean(message, parser)}`{command} --help` lists the options.\n")
         self.exit(2)
 
@@ -200,6 +245,8 @@ class TemplateCLI(CLIHooks):
 
     def parse_arguments(self, parser: LightningArgumentParser, args: Any) -> None:
         self._given = [str(a) for a in (sys.argv[1:] if args is None else args if isinstance(args, list) else [])]
+        global _parsed_args
+        _parsed_args = self._given  # for the parsers' error messages, which see no arguments
         super().parse_arguments(parser, args)
         subcommand = self.config.get("subcommand")
         config = self.config[subcommand] if subcommand else self.config
@@ -384,7 +431,10 @@ class TemplateCLI(CLIHooks):
             lines.insert(0, f"early stopping: {stopped.monitor} did not improve for {stopped.wait_count} validations;"
                             f" stopped after epoch {stopped.stopped_epoch + 1} of {trainer.max_epochs}")  # fmt: skip
         if self.config.fit.test_after_fit:
-            trainer.test(self.model, datamodule=self.datamodule, ckpt_path=best.best_model_path if best else None)
+            try:
+                trainer.test(self.model, datamodule=self.datamodule, ckpt_path=best.best_model_path if best else None)
+            except MissingFileError as missing:  # e.g. image folders without a test/ split: said, not a failure
+                lines.append(f"test after fit skipped: {missing}")
         if not trainer.is_global_zero:
             return
         logger = trainer.logger

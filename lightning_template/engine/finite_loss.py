@@ -46,10 +46,12 @@ class FiniteLossGuard(Callback):
         self.scaled_patience = scaled_patience
         self.non_finite_in_a_row = 0
         self.losses: list[torch.Tensor] = []  # of the micro-batches since the last optimizer step
+        self.batch_indices: list[int] = []  # theirs
 
     def on_before_backward(self, trainer: Trainer, pl_module: LightningModule, loss: torch.Tensor) -> None:
         if _grad_scaler(trainer) is None:
             self.losses.append(loss.detach())  # read with the gradients: one host sync per optimizer step
+            self.batch_indices.append(trainer.fit_loop.epoch_loop.batch_idx)
             return
         # Under fp16 loss scaling a non-finite loss is a step the scaler skips: counted per micro-batch. Under DDP
         # every rank stops together (a rank that stopped alone would leave the others waiting in the all-reduce).
@@ -67,6 +69,7 @@ class FiniteLossGuard(Callback):
         if _grad_scaler(trainer) is not None:
             return  # the scaler has checked the gradients and skips the step itself
         losses, self.losses = self.losses, []
+        batch_indices, self.batch_indices = self.batch_indices, []
         grads = [p.grad for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
         checks = [torch.stack(losses).isfinite().all()] if losses else []
         if grads:
@@ -76,14 +79,14 @@ class FiniteLossGuard(Callback):
             finite = trainer.strategy.reduce_boolean_decision(finite, all=True)
         if finite:
             return
-        for loss in losses:
+        for loss, batch in zip(losses, batch_indices, strict=True):  # the micro-batch of the accumulated step
             if not loss.isfinite():
-                self._stop(trainer, f"Loss became {loss.item()}")
+                self._stop(trainer, f"Loss became {loss.item()}", batch)
         self._stop(trainer, "A gradient became non-finite (the loss was finite)")
 
     @staticmethod
-    def _stop(trainer: Trainer, what: str) -> None:
-        batch = trainer.fit_loop.epoch_loop.batch_idx
+    def _stop(trainer: Trainer, what: str, batch: int | None = None) -> None:
+        batch = trainer.fit_loop.epoch_loop.batch_idx if batch is None else batch
         raise NonFiniteLossError(
             f"{what} in epoch {trainer.current_epoch}, batch_idx {batch} (optimizer step {trainer.global_step})."
             f" {ADVICE}"

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import importlib
 import secrets
+import shutil
 import time
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,7 @@ import torch
 from lightning import LightningModule, Trainer
 from lightning.pytorch.cli import SaveConfigCallback
 from lightning.pytorch.loggers import CSVLogger, Logger, MLFlowLogger, TensorBoardLogger, WandbLogger
+from lightning.pytorch.utilities import rank_zero_info
 from torchvision.utils import save_image
 
 from lightning_template.engine.errors import MissingPackageError
@@ -155,11 +157,16 @@ def experiment_dir(logger_class: str, init_args: Any, default_root_dir: str | No
 
 
 class SaveConfigToRun(SaveConfigCallback):
-    """config.yaml in the run's folder for every logger, and as a tracker artifact where there is one."""
+    """config.yaml in the run's folder for every logger, and as a tracker artifact where there is one. A run that
+    fails before its first step (a refused setting) removes the folder it made, saying so."""
+
+    new_folder: Path | None = None
 
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         if self.already_saved:
             return
+        folder = run_dir(trainer)
+        self.new_folder = folder if trainer.is_global_zero and stage == "fit" and not folder.exists() else None
         logger = trainer.logger
         if logger is not None and not isinstance(logger, (TensorBoardLogger, CSVLogger)):
             # trainer.log_dir would be one folder shared by every MLflow/W&B run: write to the run's own.
@@ -172,6 +179,15 @@ class SaveConfigToRun(SaveConfigCallback):
         else:
             self.config_path = Path(trainer.log_dir or ".") / self.config_filename
         super().setup(trainer, pl_module, stage)
+
+    def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
+        folder, self.new_folder = self.new_folder, None
+        if folder is None or trainer.global_step > 0 or not folder.is_dir():
+            return
+        if any(path.suffix == ".ckpt" for path in folder.rglob("*")):
+            return
+        shutil.rmtree(folder, ignore_errors=True)
+        rank_zero_info(f"Removed {folder}: the run stopped before its first step and left nothing but its logs.")
 
     def save_config(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         path = getattr(self, "config_path", None)

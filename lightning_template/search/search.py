@@ -34,7 +34,7 @@ from optuna.storages import RDBStorage
 from optuna.trial import FrozenTrial, TrialState, create_trial
 from optuna_integration import PyTorchLightningPruningCallback
 
-from lightning_template.engine.errors import ConfigError
+from lightning_template.engine.errors import ConfigError, TemplateError
 from lightning_template.search import runs
 from lightning_template.search.space import Param
 
@@ -278,15 +278,33 @@ class Search:
 
 
 class _QuietStop(logging.Filter):
-    """Optuna logs a trial stopped by Ctrl-C or SIGTERM as a failure, with the traceback: the search
-    says it in one line instead."""
+    """Optuna logs a trial stopped by Ctrl-C or SIGTERM, a skipped repeat and a trial refused for its settings as
+    failures, with the traceback: the search says each in one line instead (a trial that fails in training keeps
+    its traceback, unless the error is one of a user's input, with its fix)."""
 
     stopping = False
+    mute_next_value = False  # the "Trial N failed with value None." record after a muted one
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if record.exc_info and isinstance(record.exc_info[1], runs.Interrupted):
-            self.stopping = True  # and the "failed with value None" record that follows
-        return not self.stopping
+        error = record.exc_info[1] if record.exc_info else None
+        if isinstance(error, runs.Interrupted):
+            self.stopping = True
+        if self.stopping:
+            return False
+        if error is not None and _said_in_one_line(error):
+            self.mute_next_value = True
+            return False
+        if self.mute_next_value and "failed with value" in record.getMessage():
+            self.mute_next_value = False
+            return False
+        return True
+
+
+def _said_in_one_line(error: BaseException) -> bool:
+    """Errors the search reports itself: a skipped repeat, its own refusals, a trial's error of the user's input."""
+    if isinstance(error, (_Skip, SearchError)):
+        return True
+    return isinstance(error, TrialError) and isinstance(error.__cause__, TemplateError)
 
 
 def trial_rows(study: optuna.Study) -> list[dict[str, Any]]:

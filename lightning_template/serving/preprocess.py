@@ -24,6 +24,7 @@ from PIL import Image
 from lightning_template.engine.errors import ConfigError, TemplateError
 from lightning_template.tasks.classification.input_spec import (
     center_crop,
+    eight_bit,
     normalization,
     resized_size,
     split_words,
@@ -109,7 +110,10 @@ class ImagePreprocessor:
         """The image as training read it: converted to `convert` (file datasets convert every file), else an
         8-bit image of the model's channel count, palette and 1-bit images expanded, equal RGB bands as gray."""
         if self.convert:
-            return image.convert(self.convert)
+            try:
+                return eight_bit(image).convert(self.convert)
+            except ValueError as err:
+                raise BadInput(f"input {index}: {err}.") from None
         if image.mode in ("1", "P"):
             image = image.convert("RGBA" if "transparency" in image.info else "RGB")
         if image.mode not in EIGHT_BIT_MODES:

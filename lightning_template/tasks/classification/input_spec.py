@@ -45,3 +45,20 @@ def center_crop_box(width: int, height: int, side: int) -> tuple[int, int, int, 
 
 def center_crop(image: Image.Image, side: int) -> Image.Image:
     return image.crop(center_crop_box(image.width, image.height, side))
+
+
+SIXTEEN_BIT_MODES = ("I;16", "I;16B", "I;16L", "I;16N")
+
+
+def eight_bit(image: Image.Image) -> Image.Image:
+    """`image` with 8-bit pixels, as training and serving read every file: 16-bit grayscale scaled (0..65535 ->
+    0..255; Pillow's own conversion would clip it at 255, an almost white image); ValueError for 32-bit or float
+    pixels, whose range is unknown."""
+    if image.mode in SIXTEEN_BIT_MODES or image.mode == "I":
+        pixels = np.asarray(image)
+        if image.mode == "I" and (pixels.min() < 0 or pixels.max() > 65535):
+            raise ValueError(f"{image.mode} pixels outside 0..65535 (32-bit); save it as an 8- or 16-bit image")
+        return Image.fromarray((pixels.astype(np.uint32) >> 8).astype(np.uint8), mode="L")
+    if image.mode == "F":
+        raise ValueError("float pixels, whose range is unknown; save it as an 8- or 16-bit image")
+    return image

@@ -33,6 +33,7 @@ from torchvision.transforms import v2
 from lightning_template.tasks.classification.data.folds import check_fold, fold_split
 from lightning_template.tasks.classification.data.in_memory import DeviceImageTransforms, affine_normalize
 from lightning_template.engine.errors import ConfigError, DataError, MissingFileError
+from lightning_template.tasks.classification.input_spec import eight_bit
 from lightning_template.engine.sampling import SplitLoaders, make_loader, seeded_sample
 
 log = logging.getLogger(__name__)
@@ -59,9 +60,11 @@ def class_folders(split_dir: Path) -> list[str]:
 def load_rgb(path: str) -> Image.Image:
     try:
         with Image.open(path) as image:
-            return image.convert("RGB")
+            return eight_bit(image).convert("RGB")
     except (OSError, UnidentifiedImageError, SyntaxError) as err:
         raise CorruptImageError(f"{path}: cannot be decoded as an image ({err}). Delete or replace the file.") from err
+    except ValueError as err:
+        raise CorruptImageError(f"{path}: {err}.") from err
 
 
 class ClassFolderDataset(ImageFolder):

@@ -70,14 +70,15 @@ def read_records(path: Path, text_column: str, label_column: str | None) -> list
         raise MissingFileError(f"{path}: file not found.")
     suffix = path.suffix.lower()
     if suffix == ".txt":
-        return [(line.rstrip("\n"), None) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+        return [(line, None) for line in path.read_text(encoding="utf-8-sig").splitlines() if line.strip()]
     rows: list[tuple[int, dict[str, Any]]] = []  # (line number, record): errors point at the line
     if suffix in {".csv", ".tsv"}:
-        with open(path, newline="", encoding="utf-8") as f:
+        # utf-8-sig: a byte-order mark (Excel's "CSV UTF-8") is not part of the first column's name.
+        with open(path, newline="", encoding="utf-8-sig") as f:
             reader = csv.DictReader(f, delimiter="\t" if suffix == ".tsv" else ",")
             rows = [(reader.line_num, row) for row in reader]
     elif suffix in {".jsonl", ".json"}:
-        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+        for number, line in enumerate(path.read_text(encoding="utf-8-sig").splitlines(), start=1):
             if line.strip():
                 try:
                     rows.append((number, json.loads(line)))
