@@ -39,12 +39,21 @@ from tests.extra_markers import strip_extra_blocks
 
 PACKAGE = "lightning_template"
 DIST = "lightning-template"
-# The data a project starts with -> the job `make train` runs (CONFIG ?= in the Makefile).
+# The data a project starts with -> the job `make train` runs (CONFIG ?= in the Makefile), and what the README's
+# quick start says it trains.
 DATA_CONFIGS = {
     "fashion_mnist": "configs/simple_cnn.yaml",
     "image_folders": "configs/resnet_finetune.yaml",
     "text_files": "configs/transformer_text.yaml",
 }
+DATA_JOBS = {
+    "fashion_mnist": "trains SimpleCNN on Fashion-MNIST",
+    "image_folders": "fine-tunes a ResNet on your images in data/images/",
+    "text_files": "trains a transformer on text (fortune cookies until you point it at yours)",
+}
+TITLE = "Lightning project template"  # the README's, the site's and its home page's: the project's name instead
+# Marked blocks that no project keeps (the template's own words), and those a project without extras drops.
+TEMPLATE_BLOCK, EXTRAS_BLOCK = "template", "extras"
 # The template's own files, in no project made from it (copier.yml's _exclude names them too).
 TEMPLATE_ONLY = (".ci", ".copier", "copier.yml", "tests/test_copier.py")
 MARKED_SUFFIXES = {".md", ".yml", ".yaml", ".toml"}
@@ -101,14 +110,24 @@ def prune_empty_folders(root: Path, files: Iterable[str]) -> None:
             with_root.rmdir()
 
 
-def remove_extras(root: Path, removed: Iterable[str], files: Iterable[str] | None = None) -> list[str]:
+def removed_blocks(extras: Iterable[str], removed: Iterable[str]) -> set[str]:
+    """The marked blocks a project drops: its removed extras', the template's own, and the words about extras
+    when it keeps none."""
+    removed = set(removed)
+    return removed | {TEMPLATE_BLOCK} | ({EXTRAS_BLOCK} if set(extras) <= removed else set())
+
+
+def remove_extras(
+    root: Path, removed: Iterable[str], files: Iterable[str] | None = None, blocks: set[str] | None = None
+) -> list[str]:
     """Remove the extras `removed` from the project at root: their paths, their entries in pyproject.toml's
-    manifest and their marked blocks. `files` (paths relative to root) limits what is touched; default: every
-    file. Returns the files left."""
+    manifest and their marked blocks (or `blocks`). `files` (paths relative to root) limits what is touched;
+    default: every file. Returns the files left."""
     extras = read_extras(root)
     removed = set(removed)
     if unknown := removed - extras.keys():
         raise ValueError(f"no such extra: {sorted(unknown)} (extras: {sorted(extras)})")
+    blocks = removed if blocks is None else blocks
     files = files_under(root) if files is None else sorted(files)
     gone_paths = [path for name in removed for path in extras[name]]
     gone = [name for name in files if under(name, gone_paths)]
@@ -120,7 +139,7 @@ def remove_extras(root: Path, removed: Iterable[str], files: Iterable[str] | Non
         path = root / name
         if is_marked_kind(name) and path.is_file():
             text = path.read_text()
-            stripped = strip_extra_blocks(text, removed)
+            stripped = strip_extra_blocks(text, blocks)
             if name == "pyproject.toml":
                 stripped = drop_manifest_entries(stripped, removed)
             if stripped != text:
@@ -141,10 +160,11 @@ def set_default_config(makefile: Path, config: str) -> None:
     makefile.write_text(text)
 
 
-def finish_text(root: Path, files: Iterable[str], package: str, slug: str) -> None:
-    """Rename the package and the distribution in the text."""
-    for name in files:
-        path = root / name
+def finish_text(root: Path, files: Iterable[str], package: str, slug: str, name: str, data: str) -> None:
+    """Rename the package and the distribution in the text; the project's name where the template's stands (the
+    README's, the site's and its home page's titles); the quick start's job for the chosen data."""
+    for file in files:
+        path = root / file
         if not path.is_file():
             continue
         try:
@@ -152,6 +172,8 @@ def finish_text(root: Path, files: Iterable[str], package: str, slug: str) -> No
         except UnicodeDecodeError:
             continue  # not text
         new = text.replace(PACKAGE, package).replace(DIST, slug)
+        if file in ("README.md", "docs/index.md", "mkdocs.yml"):
+            new = new.replace(TITLE, name).replace(DATA_JOBS["fashion_mnist"], DATA_JOBS[data])
         if new != text:
             path.write_text(new)
 
@@ -203,7 +225,14 @@ def check_package_name(package: str) -> None:
 
 
 def generate(
-    root: Path, template: Path, package: str, slug: str, extras: set[str], data: str, files: Iterable[str]
+    root: Path,
+    template: Path,
+    package: str,
+    slug: str,
+    extras: set[str],
+    data: str,
+    files: Iterable[str],
+    name: str = TITLE,
 ) -> list[str]:
     """Turn the rendered copy at root into the project asked for; returns its template files, as renamed."""
     check_package_name(package)
@@ -212,9 +241,10 @@ def generate(
         raise SystemExit(f"generate: no such extra: {sorted(unknown)} (extras: {sorted(manifest)})")
     if data not in DATA_CONFIGS:
         raise SystemExit(f"generate: no such data choice: {data!r} (choices: {sorted(DATA_CONFIGS)})")
-    left = remove_extras(root, manifest.keys() - extras, files)
+    removed = manifest.keys() - extras
+    left = remove_extras(root, removed, files, removed_blocks(manifest, removed))
     set_default_config(root / "Makefile", DATA_CONFIGS[data])
-    finish_text(root, left, package, slug)
+    finish_text(root, left, package, slug, name, data)
     renamed = rename_paths(root, left, package)
     if package != PACKAGE:
         tidy_python(root, renamed)
@@ -228,12 +258,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--slug", required=True, help="The distribution name, pyproject.toml's [project] name.")
     parser.add_argument("--extras", default="", help="The extras kept, comma-separated.")
     parser.add_argument("--data", default="fashion_mnist", choices=sorted(DATA_CONFIGS))
+    parser.add_argument("--name", default=TITLE, help="The project's name (the README's title).")
     args = parser.parse_args(argv)
     root = Path.cwd()
     # What this template wrote here: its files (as Copier renders them, same paths) that are present.
     files = [name for name in files_under(args.template) if (root / name).is_file()]
     extras = {name.strip() for name in args.extras.split(",") if name.strip()}
-    generate(root, args.template, args.package, args.slug, extras, args.data, files)
+    generate(root, args.template, args.package, args.slug, extras, args.data, files, args.name)
 
 
 if __name__ == "__main__":

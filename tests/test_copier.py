@@ -174,6 +174,29 @@ def test_the_workflows_pass_actionlint() -> None:
 # -- copier copy ----------------------------------------------------------------------------------------------
 
 
+# Make targets and optional-dependency groups of each extra, beyond its paths.
+EXTRA_WORDS = {
+    "search": ["make tune", "make seeds", "make test-search", "[tune]"],
+    "serving": ["make serve", "make bench-serve", "[serve]", "[export]", "schemathesis"],
+    "streaming": ["[stream]", "litdata"],
+    "benchmarks": ["make bench", "make bench-main", "make bench-quick", "make bench-scale", "make bench-gpu"],
+    "trackers": ["[mlflow]", "[wandb]"],
+}
+
+
+def removed_mentions(removed: set[str]) -> set[str]:
+    """What a project without these extras must not name: their files and folders (by path, and a script or page by
+    its file name), make targets and dependency groups."""
+    words = set()
+    for extra in removed:
+        for path in EXTRAS[extra]:
+            words.add(path)
+            if "." in Path(path).name and not path.startswith("configs/presets/"):
+                words.add(Path(path).name)
+        words |= set(EXTRA_WORDS.get(extra, []))
+    return words
+
+
 def check_project(project: Path, case: str) -> None:
     """What a project made with `case`'s answers has, and has not."""
     answers, package, slug = CASES[case]
@@ -186,8 +209,14 @@ def check_project(project: Path, case: str) -> None:
         text = text_of(path)
         if text is not None:
             assert not re.search("lightning[_-]template", text), f"{name} names the template's package"
-            assert markers_in(text) <= kept, f"{name} has markers of removed extras"
+            assert markers_in(text) <= kept | {"extras"}, f"{name} has markers of removed extras"
+            assert "extra:template" not in text, f"{name} keeps the template's own words"
             assert not text or (text.endswith("\n") and not text.endswith("\n\n")), f"{name}: not one last newline"
+    mentions = removed_mentions(removed)
+    for path in project_files(project):
+        text = text_of(path)
+        found = sorted(word for word in mentions if text and re.search(rf"(?<![\w/.-]){re.escape(word)}\b", text))
+        assert not found, f"{path.relative_to(project)} names what the project does not have: {found}"
     for paths, present in [(EXTRAS[e], False) for e in removed] + [(EXTRAS[e], True) for e in kept]:
         for path in paths:
             assert (project / path.replace("lightning_template", package)).exists() is present, path
