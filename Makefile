@@ -67,7 +67,7 @@ test: $(VENV)/.installed-test
 test-all: $(VENV)/.installed-test
 	$(BIN)/python -m pytest
 
-# One folder of tests, e.g. an extra's: make test-search (tests/search/).
+# One folder of tests: make test-NAME runs tests/NAME/ (an extra's tests).
 test-%: $(VENV)/.installed-test
 	$(BIN)/python -m pytest tests/$*
 
@@ -146,7 +146,7 @@ transfer: data
 		--model.weights "$$(ls -t logs/resnet_fmnist_pretrain/*/checkpoints/last.ckpt | head -n 1)"
 	$(BIN)/python train.py fit --config configs/resnet_fmnist_small.yaml --trainer.logger.init_args.name resnet_fmnist_scratch
 
-# Real text: Debian's fortunes (configs/language_model.yaml reads them as they are).
+# Real text: Debian's fortunes.
 fortunes: install
 	@test -d /usr/share/games/fortunes || { echo "Needs Debian's fortunes: sudo apt-get install fortunes"; exit 1; }
 

@@ -57,7 +57,7 @@ TEMPLATE_BLOCK, EXTRAS_BLOCK = "template", "extras"
 # The template's own files, in no project made from it (copier.yml's _exclude names them too).
 TEMPLATE_ONLY = (".ci", ".copier", "copier.yml", "tests/test_copier.py")
 MARKED_SUFFIXES = {".md", ".yml", ".yaml", ".toml"}
-MARKED_NAMES = {"Makefile"}
+MARKED_NAMES = {"Makefile", ".gitignore"}
 # Never a package name: copier.yml's `reserved_names` (the libraries the project imports, its own folders and
 # scripts, Python's keywords and standard library), the list its questions check.
 RESERVED = set(

@@ -101,7 +101,7 @@ def quick_trainer() -> Callable[..., Trainer]:
 
 
 def save_random_weights(model_class: type, path: Path, **kwargs) -> Path:
-    """A weights file as `export.py` writes it (the network's state dict), for fine-tuning tests."""
+    """A weights file, the network's state dict as `torch.save(net.state_dict())` writes it, for fine-tuning tests."""
     with torch.random.fork_rng():
         torch.manual_seed(123)
         torch.save(model_class(**kwargs).net.state_dict(), path)

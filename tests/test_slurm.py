@@ -1,5 +1,5 @@
 """The SLURM batch script (configs/slurm/ddp.sbatch): the configuration it gives the job. The multi-node
-launches themselves (torchrun, a requeued SLURM job) are in tests/streaming/test_multinode.py: they shard
+launches themselves (torchrun, a requeued SLURM job) are tested by the streaming extra: they shard
 LitData chunks across the nodes."""
 
 from __future__ import annotations

@@ -14,11 +14,10 @@ from lightning_template.tasks.classification import FashionMNISTDataModule, ResN
 from tests.conftest import ONE_EPOCH, ROOT, best_checkpoint, run_cli, save_random_weights
 from tests.helpers import event_tags
 
-# transfer.yaml needs weights (tests/test_finetuning.py); the tracker presets have tests/trackers/,
-# the batch-size finder tests/tools/.
+# transfer.yaml needs weights (tests/test_finetuning.py); the trackers' and the tools' presets have their extras'
+# own tests.
 OWN_TESTS = {"transfer.yaml", "csv_logger.yaml", "mlflow.yaml", "wandb.yaml", "batch_size_finder.yaml"}
-# The suite's fast part runs the debug preset; every preset runs in `make test-all` (EMA and SWA: also
-# tests/tools/test_averaging.py).
+# The suite's fast part runs the debug preset; every preset runs in `make test-all`.
 PRESETS = [
     pytest.param(p, marks=[] if p.name == "debug.yaml" else [pytest.mark.slow])
     for p in sorted((ROOT / "configs" / "presets").glob("*.yaml"))

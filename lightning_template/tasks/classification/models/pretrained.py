@@ -1,7 +1,7 @@
 """Reusing trained weights for every network here: everything but the classifier.
 
 A weights file is a plain state dict (`torch.save(net.state_dict())`, torchvision's
-`resnet18-f37072fd.pth`, `export.py`'s `net_state_dict.pt`) or a checkpoint of any run of
+`resnet18-f37072fd.pth`, an exported `net_state_dict.pt`) or a checkpoint of any run of
 this template. Everything but the classifier is loaded strictly; the classifier keeps the
 fresh initialization the model was built with for its own classes (what `reset_classifier`
 gives an existing network). A first convolution trained on another number of
@@ -52,7 +52,7 @@ def read_state_dict(path: Path) -> dict[str, torch.Tensor]:
         reason = str(err).strip().splitlines()[0][:200]
         raise WeightsError(
             f"--model.weights {path}: not a readable torch file ({type(err).__name__}: {reason})."
-            " Give a state dict saved with torch.save (export.py writes net_state_dict.pt) or a .ckpt checkpoint."
+            " Give a state dict saved with torch.save(net.state_dict()) or a .ckpt checkpoint."
         ) from err
     if isinstance(data, dict) and "state_dict" in data:  # a Lightning checkpoint
         return {k.removeprefix("net."): v for k, v in data["state_dict"].items() if k.startswith("net.")}
