@@ -338,3 +338,45 @@ def test_a_run_with_mlflow_has_the_same_settings_at_each_parse():
     pytest.importorskip("mlflow")
     flags = [f"--config={JOB}", f"--config={ROOT / 'configs' / 'presets' / 'mlflow.yaml'}"]
     assert runs.RunConfig.parse(flags).settings() == runs.RunConfig.parse(flags).settings()  # a rerun is not refused
+
+
+@pytest.fixture
+def plain_job(tmp_path: Path) -> str:
+    """A job config of a user's own plain task (tests/plain_task.py): a regression that logs val_loss only."""
+    job = tmp_path / "regression.yaml"
+    job.write_text(
+        "model: tests.plain_task.Regressor\n"
+        "data:\n  class_path: tests.plain_task.RegressionData\n  init_args: {train_size: 320}\n"
+        "trainer: {max_epochs: 2, limit_val_batches: 2}\n"
+    )
+    return str(job)
+
+
+@pytest.mark.slow
+def test_seeds_and_a_search_of_a_plain_task_minimize_its_val_loss(tmp_path, monkeypatch, plain_job) -> None:
+    """multirun and tune work unchanged for a task that is not a classifier: the default monitor, val_loss, lower
+    is better."""
+    monkeypatch.chdir(tmp_path)
+    multirun.main(["--config", plain_job, "--seeds", "1", "2", "--name", "plain"])
+    summary = (tmp_path / "logs/multirun/plain/summary.md").read_text().splitlines()
+    assert summary[0].startswith("| run | best val_loss |")
+    space = write_space(tmp_path / "space.yaml", {"model.lr": {"choice": [0.0, 0.05]}})
+    tune.main(["--config", plain_job, "--search", str(space), "--trials", "2", "--study", "p", "--sampler", "grid"])
+    study = load(tmp_path / "logs" / "tune" / "p", "p")
+    assert study.direction == optuna.study.StudyDirection.MINIMIZE
+    assert study.best_trial.params["model.lr"] == 0.05  # learning beats not learning, when lower is better
+
+
+@pytest.mark.slow
+def test_missing_data_is_one_line_in_multirun_and_tune(tmp_path, monkeypatch, capsys) -> None:
+    monkeypatch.chdir(tmp_path)
+    job = ["--config", str(ROOT / "configs/resnet_finetune.yaml"), "--data.root=/missing", "--model.weights=null"]
+    with pytest.raises(SystemExit) as stop:
+        multirun.main([*job, "--seeds", "1", *TINY])
+    assert str(stop.value.code).startswith("multirun.py: /missing/train not found")
+    space = write_space(tmp_path / "space.yaml", {"model.head_dropout": {"uniform": [0, 0.5]}})
+    with pytest.raises(SystemExit) as stop:
+        tune.main([*job, "--search", str(space), "--trials", "1", "--study", "m", *TINY])
+    assert stop.value.code == 1
+    err = capsys.readouterr().err
+    assert "/missing/train not found" in err and "Traceback" not in err
