@@ -69,13 +69,14 @@ def fortunes_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="session")
 def image_tree(tmp_path_factory: pytest.TempPathFactory, fashion_mnist_dir: Path) -> Path:
-    """train/ and val/ class folders of real Fashion-MNIST images as PNG files (48 + 24 per class, 3 classes)."""
+    """train/, val/ and test/ class folders of real Fashion-MNIST images as PNG files (48 + 24 + 12 per class,
+    3 classes)."""
     root = tmp_path_factory.mktemp("images")
     images = read_idx(fashion_mnist_dir / "t10k-images-idx3-ubyte.gz")[:2000]
     labels = read_idx(fashion_mnist_dir / "t10k-labels-idx1-ubyte.gz")[:2000]
     for label, name in {0: "tshirt", 1: "trouser", 7: "sneaker"}.items():
-        picks = (labels == label).nonzero().flatten()[:72].tolist()
-        for split, chosen in (("train", picks[:48]), ("val", picks[48:])):
+        picks = (labels == label).nonzero().flatten()[:84].tolist()
+        for split, chosen in (("train", picks[:48]), ("val", picks[48:72]), ("test", picks[72:])):
             (root / split / name).mkdir(parents=True)
             for index in chosen:
                 Image.fromarray(images[index].numpy()).save(root / split / name / f"{index}.png")

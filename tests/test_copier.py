@@ -100,14 +100,15 @@ def test_strip_extra_blocks_drops_the_removed_blocks_and_keeps_the_others() -> N
             GENERATE.strip_extra_blocks(broken, set())
 
 
-def test_every_marker_names_an_extra_and_is_closed() -> None:
+def test_every_marker_names_an_extra_or_a_pseudo_block_and_is_closed() -> None:
     tracked = git("ls-files", "--cached", "--others", "--exclude-standard", cwd=ROOT).splitlines()
     marked = [name for name in tracked if GENERATE.is_marked_kind(name) and (ROOT / name).is_file()]
     assert "Makefile" in marked and "pyproject.toml" in marked
     for name in marked:
         text = (ROOT / name).read_text()
         GENERATE.strip_extra_blocks(text, set())  # raises on an unbalanced marker
-        assert markers_in(text) <= EXTRAS.keys(), f"{name}: a marker names no extra"
+        blocks = EXTRAS.keys() | {GENERATE.TEMPLATE_BLOCK, GENERATE.EXTRAS_BLOCK}
+        assert markers_in(text) <= blocks, f"{name}: a marker names neither an extra nor a pseudo-block"
     for name in ("Makefile", "pyproject.toml"):
         assert markers_in((ROOT / name).read_text()), name
 
@@ -277,8 +278,9 @@ def project_venv(project: Path) -> Path:
 
 
 def run(args: list, cwd: Path, env: dict | None = None) -> subprocess.CompletedProcess:
-    """A command of the project, in a clean environment (no PYTHONPATH to the template)."""
-    base = {k: v for k, v in os.environ.items() if k not in {"PYTHONPATH", "VIRTUAL_ENV"}}
+    """A command of the project, in a clean environment (no PYTHONPATH to the template, no outer make)."""
+    outer = {"PYTHONPATH", "VIRTUAL_ENV", "MAKEFLAGS", "MAKELEVEL", "MFLAGS"}  # e.g. the suite run by `make test-all`
+    base = {k: v for k, v in os.environ.items() if k not in outer}
     done = subprocess.run(
         [str(a) for a in args], cwd=cwd, env={**base, **(env or {})}, capture_output=True, text=True,
         timeout=SUBPROCESS_TIMEOUT,
@@ -357,7 +359,11 @@ def test_update_brings_the_template_change_and_keeps_the_users(
     core = repo / "lightning_template/tasks/classification/models/simple_cnn.py"
     core.write_text(core.read_text() + '\n\nTEMPLATE_CHANGE = "lightning_template"\n')  # as ruff formats it
     makefile = repo / "Makefile"
-    makefile.write_text(makefile.read_text().replace("matrix: install\n", "matrix: install  # template change\n"))
+    makefile.write_text(
+        makefile.read_text().replace(
+            "test-all: $(VENV)/.installed-test\n", "test-all: $(VENV)/.installed-test  # template change\n"
+        )
+    )
     serving = repo / "lightning_template/serving/api.py"
     serving.write_text(serving.read_text() + "\nSERVING_CHANGE = 1\n")
     git("commit", "-q", "-am", "template change", cwd=repo)
@@ -374,7 +380,7 @@ def test_update_brings_the_template_change_and_keeps_the_users(
     updated = mine.read_text()
     assert 'TEMPLATE_CHANGE = "update_demo"' in updated  # the template's change, renamed like the rest
     assert "SimpleCNN (the user's edit): the classic" in updated
-    assert "matrix: install  # template change\n" in (project / "Makefile").read_text()
+    assert "test-all: $(VENV)/.installed-test  # template change\n" in (project / "Makefile").read_text()
     assert (package / "tasks/classification/models/mine.py").is_file()
     assert not (project / "lightning_template").exists() and not (package / "serving").exists()
     assert ignored.read_text() == "lightning_template\n<!-- extra:search -->\n"

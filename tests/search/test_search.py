@@ -311,7 +311,14 @@ def test_multirun_rerun_with_other_flags_is_refused_naming_them(tmp_path, monkey
 def test_make_tune_runs_the_documented_command():
     page = (ROOT / "docs/experiments.md").read_text()
     documented = re.search(r"python tune\.py (.*?)# or: make tune", page, re.S)
-    make = ["make", "-n", "-s", "tune", "CONFIG=configs/simple_cnn.yaml"]  # the documented job, whatever the default
+    make = [
+        "make",
+        "--no-print-directory",
+        "-n",
+        "-s",
+        "tune",
+        "CONFIG=configs/simple_cnn.yaml",
+    ]  # the documented job, whatever the default
     made = subprocess.run(make, cwd=ROOT, capture_output=True, text=True, check=True).stdout
     command = made[made.index("tune.py ") :].split("\n\n")[0]
     assert shlex.split(command.replace("\\\n", " "))[1:] == shlex.split(documented[1].replace("\\\n", " "))
