@@ -76,6 +76,9 @@ test-%: $(VENV)/.installed-test
 matrix: $(VENV)/.installed-test
 	$(BIN)/python -m pytest tests/test_resume.py -m matrix -s -q
 	$(BIN)/python -m pytest tests/test_job_resume.py -m "matrix or not matrix" -q
+# extra:template
+	$(BIN)/python -m pytest tests/test_copier.py -m matrix -q
+# /extra:template
 
 # extra:benchmarks
 # Framework overhead, end-to-end ratio, throughput and fraction of peak, loading: medians over
