@@ -171,6 +171,22 @@ def test_bad_options_fail_before_any_data_loads(capsys) -> None:
         TemplateCLI(args=[*config, "--trainer.max_epochs=-1"], run=False)
 
 
+def test_a_run_refused_before_its_first_step_removes_the_folder_it_made(tmp_path: Path, monkeypatch, caplog) -> None:
+    """The two-stage check refuses at fit start, after Lightning has made the run's folder (and its event file):
+    the folder goes, said in one line; a run folder that was there before is left alone."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "logs/refused/version_0").mkdir(parents=True)  # an earlier run's
+    (tmp_path / "logs/refused/version_0/notes.txt").write_text("mine")
+    refused = ["fit", "--config", str(ROOT / "configs/resnet_fmnist_small.yaml"), "--config",
+               str(ROOT / "configs/presets/transfer.yaml"), "--model.weights=null", *QUICK,
+               "--trainer.logger.init_args.name=refused", "--test_after_fit=false"]  # fmt: skip
+    with pytest.raises(ValueError, match=r"random weights \(--model.weights is null\)"):
+        TemplateCLI(args=refused)
+    assert sorted(p.name for p in (tmp_path / "logs/refused").iterdir()) == ["version_0"]
+    assert (tmp_path / "logs/refused/version_0/notes.txt").read_text() == "mine"
+    assert "Removed logs/refused/version_1: the run stopped before its first step" in caplog.text
+
+
 @pytest.mark.slow
 def test_resume_refuses_another_models_checkpoint_and_flags_it_would_override(
     tmp_path: Path, monkeypatch, fashion_mnist_dir

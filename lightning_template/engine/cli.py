@@ -412,6 +412,9 @@ class TemplateCLI(CLIHooks):
         if self.trainer.is_global_zero:
             for logger in self.trainer.loggers:
                 _ = logger.version
+        for callback in self.trainer.callbacks:
+            if isinstance(callback, SaveConfigToRun):  # a run refused before its first step removes what it made
+                callback.before_fit(self.trainer)
         # The check of monitored metrics looks at each validation before early stopping and checkpoints use it.
         self.trainer.callbacks.sort(key=lambda callback: not isinstance(callback, MonitoredMetrics))
 

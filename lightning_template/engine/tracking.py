@@ -162,11 +162,15 @@ class SaveConfigToRun(SaveConfigCallback):
 
     new_folder: Path | None = None
 
+    def before_fit(self, trainer: Trainer) -> None:
+        """Called by the CLI before `fit`: the run's folder is new if it does not exist yet. (Lightning makes it
+        before any callback's `setup`, when it starts the loggers' experiments.)"""
+        folder = run_dir(trainer)
+        self.new_folder = folder if trainer.is_global_zero and not folder.exists() else None
+
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         if self.already_saved:
             return
-        folder = run_dir(trainer)
-        self.new_folder = folder if trainer.is_global_zero and stage == "fit" and not folder.exists() else None
         logger = trainer.logger
         if logger is not None and not isinstance(logger, (TensorBoardLogger, CSVLogger)):
             # trainer.log_dir would be one folder shared by every MLflow/W&B run: write to the run's own.
@@ -182,7 +186,7 @@ class SaveConfigToRun(SaveConfigCallback):
 
     def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
         folder, self.new_folder = self.new_folder, None
-        if folder is None or trainer.global_step > 0 or not folder.is_dir():
+        if folder is None or not trainer.is_global_zero or trainer.global_step > 0 or not folder.is_dir():
             return
         if any(path.suffix == ".ckpt" for path in folder.rglob("*")):
             return
