@@ -58,12 +58,13 @@ seeds: data $(VENV)/.installed-tune
 	$(BIN)/python multirun.py --config $(CONFIG) --seeds 42 7 123 $(ARGS)
 # /extra:search
 
-# What to run after every change (about 1.5 minutes on 2 CPU cores): each job for a few steps, your own model
+# What to run after every change (about 1.5 to 3 minutes on 2 CPU cores): each job for a few steps, your own model
 # and data, resume at a glance, the quick checks.
 test: $(VENV)/.installed-test
 	$(BIN)/python -m pytest -m "not slow and not matrix"
 
-# Every test but the fault matrix (about 10 minutes): processes, DDP, signals, generated projects, every preset.
+# Every test but the setups matrix (about 35 minutes on 2 CPU cores): processes, DDP, signals, generated
+# projects, every preset.
 test-all: $(VENV)/.installed-test
 	$(BIN)/python -m pytest
 
@@ -71,7 +72,7 @@ test-all: $(VENV)/.installed-test
 test-%: $(VENV)/.installed-test
 	$(BIN)/python -m pytest tests/$*
 
-# The whole exact-resume fault-injection matrix (100 cells, about 5 minutes), with its table, and the
+# The setups matrix: the whole exact-resume fault-injection matrix (100 cells, about 5 minutes), with its table, and the
 # CLI resume of every job config and callback preset (about 6 minutes).
 matrix: $(VENV)/.installed-test
 	$(BIN)/python -m pytest tests/test_resume.py -m matrix -s -q
