@@ -119,3 +119,12 @@ def test_predictions_of_a_plain_task_are_written_one_row_per_sample(tmp_path: Pa
         rows = list(csv.DictReader(f))
     assert len(rows) == 256 and list(rows[0]) == ["index", "output_0"]
     assert [int(r["index"]) for r in rows] == list(range(256))
+
+
+def test_early_stopping_says_why_and_where_the_run_stopped(tmp_path: Path, monkeypatch, capsys) -> None:
+    """A learning rate of 0 never improves val_loss: with a patience of 1 the run stops after its second epoch."""
+    monkeypatch.chdir(tmp_path)
+    TemplateCLI(args=["fit", *PLAIN, *SHORT, "--model.lr=0", "--trainer.max_epochs=5", "--early_stopping.patience=1",
+                      "--data.train_size=64", "--trainer.logger=false"])  # fmt: skip
+    printed = capsys.readouterr().out
+    assert "early stopping: val_loss did not improve for 1 validations; stopped after epoch 2 of 5" in printed

@@ -62,12 +62,15 @@ def fitted(tmp_path_factory: pytest.TempPathFactory, fashion_mnist_dir) -> tuple
     result = run_cli(
         "fit", "--config", str(ROOT / "configs/simple_cnn.yaml"), "--trainer.max_epochs=2", *QUICK, cwd=workdir
     )
-    return workdir, result.stdout
+    return workdir, result.stdout + result.stderr
 
 
 @pytest.mark.slow
 def test_fit_reports_test_accuracy_checkpoint_and_logs(fitted: tuple[Path, str]) -> None:
     workdir, stdout = fitted
+    # Every line is the project's, the user's or Lightning's own report: no warning raised inside a library, no
+    # advertisement, no model summary column of zeros.
+    assert not re.findall(r".*(?:\w+Warning\b|Tip:|litlogger|FLOPs|SIGTERMException).*", stdout)
     run_dir = workdir / "logs" / "simple_cnn" / "version_0"
     assert re.search(r"test accuracy: 0\.\d{4}", stdout)
     assert "TensorBoard logs: tensorboard --logdir logs/simple_cnn/version_0" in stdout
@@ -169,6 +172,24 @@ def test_bad_options_fail_before_any_data_loads(capsys) -> None:
     assert "lrr" in capsys.readouterr().err
     with pytest.raises(ValueError, match=r"cosine needs a finite run: set trainer.max_epochs"):
         TemplateCLI(args=[*config, "--trainer.max_epochs=-1"], run=False)
+
+
+def test_a_checkpoint_of_other_data_is_refused_in_one_line_before_anything_runs(
+    tmp_path: Path, monkeypatch, image_tree: Path
+) -> None:
+    """SimpleCNN trained on 3-channel image folders, validated with the Fashion-MNIST job: the shapes named."""
+    monkeypatch.chdir(tmp_path)
+    TemplateCLI(args=["fit", "--model=SimpleCNN", "--data=ImageFolderDataModule", f"--data.root={image_tree}",
+                      "--data.image_size=32", "--data.num_workers=0", "--trainer.max_steps=1",
+                      "--trainer.limit_val_batches=1", "--test_after_fit=false", "--trainer.logger.init_args.name=rgb",
+                      "--trainer.enable_model_summary=false"])  # fmt: skip
+    last = tmp_path / "logs/rgb/version_0/checkpoints/last.ckpt"
+    with pytest.raises(ValueError) as refused:
+        TemplateCLI(args=["validate", "--config", str(ROOT / "configs/simple_cnn.yaml"), f"--ckpt_path={last}"])
+    message = str(refused.value)
+    assert "\n" not in message and "does not fit the model built for this data" in message
+    assert "net.features.0.weight: checkpoint (32, 3, 3, 3) vs model (32, 1, 3, 3)" in message
+    assert not (tmp_path / "logs/simple_cnn").exists()  # refused before the run began
 
 
 def test_a_run_refused_before_its_first_step_removes_the_folder_it_made(tmp_path: Path, monkeypatch, caplog) -> None:
