@@ -19,6 +19,7 @@ from torch.profiler import ProfilerActivity, profile
 from torch.utils.flop_counter import FlopCounterMode
 
 from benchmarks.overhead import sync
+from lightning_template.engine.console import quiet_library_noise
 from lightning_template.tasks.classification.models.base import ClassificationModule
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -146,6 +147,7 @@ def time_in_flop_ops(step: Callable[[], None], steps: int = 5) -> float:
     """The share of a training step's CPU time spent in convolutions and matmuls, the only operations whose FLOPs
     count towards the fraction of peak: the rest (normalization, activations, pooling, dropout, the optimizer)
     moves memory without counted FLOPs, so a step can reach at most this share of the matmul rate's fraction."""
+    quiet_library_noise()  # before the profiler's first start: its library's log lines
     with profile(activities=[ProfilerActivity.CPU]) as profiler:
         for _ in range(steps):
             step()

@@ -127,7 +127,7 @@ def fit(cell: Cell, directory: Path, image_root: Path, *extra: Callback, ckpt_pa
         )
     else:
         datamodule = ImageFolderDataModule(
-            root=str(image_root), image_size=28, batch_size=16, min_crop_scale=0.5, num_workers=2
+            root=str(image_root), image_size=28, batch_size=16, crop_scale=(0.5, 1.0), num_workers=2
         )
     if cell.data != PLAIN_TASK:
         weights = None if cell.stage == "plain" else str(weights_file(directory.parent, datamodule.input_shape))

@@ -12,6 +12,7 @@ import signal
 from pathlib import Path
 
 import pytest
+import torch
 
 from lightning_template.engine.cli import TemplateCLI
 from tests.conftest import last_checkpoint, sigterm_at, train_process
@@ -128,3 +129,21 @@ def test_early_stopping_says_why_and_where_the_run_stopped(tmp_path: Path, monke
                       "--data.train_size=64", "--trainer.logger=false"])  # fmt: skip
     printed = capsys.readouterr().out
     assert "early stopping: val_loss did not improve for 1 validations; stopped after epoch 2 of 5" in printed
+
+
+def test_resuming_from_the_path_of_a_runs_checkpoint_continues_that_run_as_last_does(tmp_path: Path, monkeypatch):
+    """The path the console printed (`last checkpoint: logs/...`) and `--ckpt_path last` continue the same run folder;
+    a checkpoint of another experiment starts a run of this one."""
+    monkeypatch.chdir(tmp_path)
+    args = ["fit", *PLAIN, *SHORT, "--data.train_size=64", "--trainer.logger.init_args.name=ink"]
+    TemplateCLI(args=[*args, "--trainer.max_epochs=1"])
+    printed = Path("logs/ink/version_0/checkpoints/last.ckpt")
+    TemplateCLI(args=[*args, f"--ckpt_path={printed}"])
+    assert sorted(p.name for p in Path("logs/ink").iterdir()) == ["version_0"]
+    assert torch.load(printed, weights_only=True)["global_step"] == 4  # two epochs of 2 batches, in one run
+    TemplateCLI(args=[*args, "--trainer.max_epochs=3", "--ckpt_path=last"])
+    assert sorted(p.name for p in Path("logs/ink").iterdir()) == ["version_0"]
+    other = ["--trainer.max_epochs=4", "--trainer.logger.init_args.name=other", f"--ckpt_path={printed}"]
+    TemplateCLI(args=[*args, *other])
+    assert torch.load("logs/other/version_0/checkpoints/last.ckpt", weights_only=True)["global_step"] == 8
+    assert torch.load(printed, weights_only=True)["global_step"] == 6  # untouched: not this experiment's run

@@ -65,12 +65,15 @@ def fitted(tmp_path_factory: pytest.TempPathFactory, fashion_mnist_dir) -> tuple
     return workdir, result.stdout + result.stderr
 
 
+# Every line is the project's, the user's or Lightning's own report: no warning raised inside a library (with its
+# category, or as Lightning prints its own: "file.py:21: message"), no advertisement, no column of zeros.
+NOISE = r".*(?:\w+Warning\b|\.py:\d+: |Tip:|litlogger|FLOPs|SIGTERMException).*"
+
+
 @pytest.mark.slow
 def test_fit_reports_test_accuracy_checkpoint_and_logs(fitted: tuple[Path, str]) -> None:
     workdir, stdout = fitted
-    # Every line is the project's, the user's or Lightning's own report: no warning raised inside a library (with
-    # its category, or as Lightning prints its own: "file.py:21: message"), no advertisement, no column of zeros.
-    assert not re.findall(r".*(?:\w+Warning\b|\.py:\d+: |Tip:|litlogger|FLOPs|SIGTERMException).*", stdout)
+    assert not re.findall(NOISE, stdout)
     run_dir = workdir / "logs" / "simple_cnn" / "version_0"
     assert re.search(r"test accuracy: 0\.\d{4}", stdout)
     assert "TensorBoard logs: tensorboard --logdir logs/simple_cnn/version_0" in stdout
@@ -79,6 +82,19 @@ def test_fit_reports_test_accuracy_checkpoint_and_logs(fitted: tuple[Path, str])
     assert {"train_loss", "val_loss", "val_acc", "train_acc", "lr-AdamW/head", "lr-AdamW/backbone"} <= event_tags(
         run_dir
     )
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("command", ["validate", "test", "predict"])
+def test_every_command_from_a_checkpoint_is_as_quiet_as_fit(command: str, fitted: tuple[Path, str]) -> None:
+    workdir, _ = fitted
+    last = "logs/simple_cnn/version_0/checkpoints/last.ckpt"
+    done = run_cli(
+        command, "--config", str(ROOT / "configs/simple_cnn.yaml"), f"--ckpt_path={last}", *QUICK,
+        "--trainer.limit_predict_batches=2", f"--predictions.output_file={workdir / 'predictions.csv'}", cwd=workdir,
+    )  # fmt: skip
+    assert not re.findall(NOISE, done.stdout + done.stderr)
+    assert f"Loaded model weights from the checkpoint at {last}" in done.stdout + done.stderr
 
 
 @pytest.mark.slow

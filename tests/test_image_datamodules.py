@@ -12,11 +12,12 @@ import torch
 import torchvision
 from PIL import Image
 
-from lightning_template.engine.cli import template_error
+from lightning_template.engine.cli import TemplateCLI, template_error
 from lightning_template.tasks.classification import CIFAR10DataModule, ImageFolderDataModule, SimpleCNN
 from lightning_template.tasks.classification.data.files import DatasetNotFoundError
 from lightning_template.tasks.classification.data.idx import read_idx
 from lightning_template.tasks.classification.data.image_folder import CorruptImageError, compute_mean_std
+from tests.conftest import ROOT
 
 CLASSES = {0: "tshirt", 1: "trouser", 7: "sneaker"}
 
@@ -80,6 +81,28 @@ def test_eval_transform_is_deterministic_and_train_is_random(image_root: Path) -
     assert torch.equal(first, second) and first.shape == (3, 24, 24)
     samples = [dm.splits["train"][1][0] for _ in range(5)]
     assert any(not torch.equal(samples[0], s) for s in samples[1:])
+
+
+def test_augmentation_of_image_folders_is_set_by_flags(image_root: Path, monkeypatch, capsys) -> None:
+    base = {"root": str(image_root), "image_size": 28, "num_workers": 0}
+    off = ImageFolderDataModule(**base, augment=False)
+    assert off.train_transform is off.eval_transform
+    whole = {"crop_scale": (1.0, 1.0), "crop_ratio": (1.0, 1.0)}  # the whole 28x28 image: only the flips change it
+    dm = ImageFolderDataModule(**base, **whole, horizontal_flip=False, vertical_flip=True)
+    dm.setup("fit")
+    image = dm.splits["train"].loader(dm.splits["train"].samples[1][0])
+    reference = torchvision.transforms.v2.functional.pil_to_tensor(image)
+    drawn = [dm.train_transform(image) for _ in range(16)]
+    assert {torch.equal(d, reference) for d in drawn} == {True, False}  # flipped at random...
+    assert all(torch.equal(d, reference) or torch.equal(d, reference.flip(1)) for d in drawn)  # ...upside down only
+    with pytest.raises(ValueError, match=r"--data.crop_scale \[0.5, 0.2\]"):
+        ImageFolderDataModule(**base, crop_scale=(0.5, 0.2))
+    monkeypatch.chdir(image_root)
+    with pytest.raises(SystemExit):  # the options of train.py
+        TemplateCLI(args=["fit", "--config", str(ROOT / "configs/resnet_finetune.yaml"), "--data.crop_scale=[0.3, 1]",
+                          "--data.horizontal_flip=false", "--data.augment=true", "--print_config"])  # fmt: skip
+    printed = capsys.readouterr().out
+    assert "  crop_scale:\n    - 0.3\n    - 1.0\n" in printed and "  horizontal_flip: false\n" in printed
 
 
 def test_val_class_unknown_to_train_is_an_error(image_root: Path) -> None:

@@ -19,14 +19,14 @@ import os
 import re
 import signal
 import sys
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NoReturn
 
 import yaml
-from lightning import LightningDataModule
+from lightning import LightningDataModule, Trainer
 from lightning.pytorch.callbacks import (
-    EarlyStopping,
     LearningRateMonitor,
     ModelCheckpoint,
     ModelSummary,
@@ -42,8 +42,13 @@ from lightning_template.engine.checkpoint_facts import CheckpointFacts
 from lightning_template.engine.console import ParameterSummary, progress_bar, quiet_library_noise
 from lightning_template.engine.errors import ConfigError, MissingFileError, TemplateError
 from lightning_template.engine.finite_loss import FiniteLossGuard
-from lightning_template.engine.lightning_internals import CLIHooks, add_datamodule_hook, subcommand_parser
-from lightning_template.engine.monitor import BestCheckpoint, MonitoredMetrics
+from lightning_template.engine.lightning_internals import (
+    CLIHooks,
+    add_datamodule_hook,
+    datamodules_named_by_class,
+    subcommand_parser,
+)
+from lightning_template.engine.monitor import BestCheckpoint, EarlyStop, MonitoredMetrics, monitoring_off
 from lightning_template.engine.optim import check_run_length
 from lightning_template.engine.predictions import CSVPredictionWriter
 from lightning_template.engine.process_group import ProcessGroupTeardown
@@ -219,14 +224,15 @@ class TemplateCLI(CLIHooks):
         # The model builds its optimizer (`--model.optimizer`, named param groups): no top-level --optimizer.
         kwargs.setdefault("auto_configure_optimizers", False)
         self.run_checkpoint: RunCheckpoint | None = None
-        super().__init__(*args, **kwargs)
+        with warnings.catch_warnings():  # the filters a command adds (before_instantiate_classes) end with it
+            super().__init__(*args, **kwargs)
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         # Links whose source or target a class lacks are skipped (image data has no vocabulary).
         for name in DATA_FACTS:
             parser.link_arguments(f"data.{name}", f"model.init_args.{name}", apply_on="instantiate")
         parser.add_lightning_class_args(BestCheckpoint, "checkpoint")  # the best epoch; see configs/defaults.yaml
-        parser.add_lightning_class_args(EarlyStopping, "early_stopping")
+        parser.add_lightning_class_args(EarlyStop, "early_stopping")
         parser.add_lightning_class_args(CSVPredictionWriter, "predictions")
         parser.add_argument(
             "--debug",
@@ -266,23 +272,26 @@ class TemplateCLI(CLIHooks):
 
     def _resolve_checkpoint(self, config: Any, subcommand: str | None) -> RunCheckpoint | None:
         """The run's checkpoint, read once: `--ckpt_path <file>`, or `last` (the newest last.ckpt of this
-        experiment). Resuming `fit` from `last` continues the tracker run that wrote it."""
+        experiment). Resuming `fit` from a checkpoint of one of this experiment's runs (`last`, or its path)
+        continues that run: the same version folder, or tracker run."""
         path = config.get("ckpt_path")
         if not path or path in {"best", "hpc"}:
             return None
-        if path != "last":
-            return RunCheckpoint.read(path)
-        found = self._last_checkpoint(config, subcommand)
+        found = self._last_checkpoint(config, subcommand) if path == "last" else RunCheckpoint.read(path)
         if found is None:
             config.ckpt_path = None
             return None
         config.ckpt_path = str(found.path)
         logger = config.trainer.get("logger")
         logger_class = logger_type(logger)
-        if subcommand == "fit" and logger_class in RUN_ARG:
+        folder = _experiment_folder(config)
+        # <folder>/<run>/checkpoints/<file>: a checkpoint of one of this experiment's runs
+        ours = folder is not None and folder.resolve() in found.path.resolve().parents[2:3]
+        if subcommand == "fit" and logger_class in RUN_ARG and ours and can_continue(logger_class, found.tracker_runs):
             run_id = found.tracker_runs.get(logger_class) or found.path.parent.parent.name
             logger.init_args[RUN_ARG[logger_class]] = run_id
-        rank_zero_info(f"Resuming from {config.ckpt_path}")
+        if subcommand == "fit":  # the other commands load it: Lightning says so
+            rank_zero_info(f"Resuming from {config.ckpt_path}")
         return found
 
     @staticmethod
@@ -291,12 +300,10 @@ class TemplateCLI(CLIHooks):
 
         Lightning alone only looks in the new run's own (empty) folder and would silently start from scratch.
         """
-        logger = config.trainer.get("logger")
-        init_args = getattr(logger, "init_args", None)
-        logger_class = logger_type(logger)
-        folder = None if init_args is None else experiment_dir(logger_class, init_args, config.trainer.default_root_dir)
+        folder = _experiment_folder(config)
         if folder is None:
             return None
+        logger_class = logger_type(config.trainer.get("logger"))
         for path in sorted(folder.glob("*/checkpoints/last.ckpt"), key=lambda p: p.stat().st_mtime, reverse=True):
             record = RunCheckpoint.read(path)
             if can_continue(logger_class, record.tracker_runs):
@@ -362,6 +369,8 @@ class TemplateCLI(CLIHooks):
         subcommand = self.config.get("subcommand")
         config = self.config[subcommand] if subcommand else self.config
         callbacks = self.trainer_defaults.get("callbacks", [])
+        if subcommand != "fit":  # the checkpoint's callback states, which only `fit` restores, are not missed
+            warnings.filterwarnings("ignore", "Be aware that when using `ckpt_path`", module="lightning.pytorch")
         if subcommand == "predict":  # nothing to log: no run folder (the CSV is the result), no config.yaml in it
             config.trainer.logger = False
             self.save_config_callback = None
@@ -379,6 +388,16 @@ class TemplateCLI(CLIHooks):
         if checkpoint is not None and checkpoint.get("monitor") and not checkpoint.get("filename"):
             checkpoint.filename = BestCheckpoint.filename_for(checkpoint.monitor)
         add_datamodule_hook(self, self._restore_datamodule)
+
+    def instantiate_classes(self) -> None:
+        with datamodules_named_by_class():
+            super().instantiate_classes()
+
+    def instantiate_trainer(self, **kwargs: Any) -> Trainer:
+        trainer = super().instantiate_trainer(**kwargs)
+        # `--checkpoint.monitor null`, `--early_stopping.monitor null`: no best-epoch checkpoint, no early stopping.
+        trainer.callbacks = [callback for callback in trainer.callbacks if not monitoring_off(callback)]
+        return trainer
 
     def _restore_datamodule(self, datamodule: LightningDataModule) -> None:
         """A datamodule that learns something from its files (a vocabulary) gets what the checkpoint was trained
@@ -401,10 +420,18 @@ class TemplateCLI(CLIHooks):
                 f" (its config), or start a new run from its weights with --model.weights {record.path}."
             )
 
-    def before_predict(self) -> None:
-        # Checkpoint callbacks write nothing here; restoring their state from the checkpoint would only warn that
-        # "the dirpath has changed" (the best-epoch one comes from the `checkpoint` options).
+    def _evaluate_only(self) -> None:
+        # Checkpoint callbacks write nothing outside `fit`; restoring their state from the checkpoint would only warn
+        # that "the dirpath has changed" (the best-epoch one comes from the `checkpoint` options).
         self.trainer.callbacks = [c for c in self.trainer.callbacks if not isinstance(c, ModelCheckpoint)]
+
+    before_validate = before_test = _evaluate_only
+
+    def before_predict(self) -> None:
+        self._evaluate_only()
+        for callback in self.trainer.callbacks:
+            if isinstance(callback, CSVPredictionWriter):
+                callback.remove_earlier_output(self.trainer)
 
     def before_fit(self) -> None:
         # Fix the run's version folder now: a spawning launcher (ddp_spawn) would otherwise let each
@@ -453,6 +480,15 @@ class TemplateCLI(CLIHooks):
             logger.log_metrics(final, step=trainer.global_step)
             logger.finalize("success")
         print("\n".join(lines), flush=True)
+
+
+def _experiment_folder(config: Any) -> Path | None:
+    """Where the runs of this config's experiment are (`<folder>/<run>/checkpoints/`); None without a logger."""
+    logger = config.trainer.get("logger")
+    init_args = getattr(logger, "init_args", None)
+    if init_args is None:
+        return None
+    return experiment_dir(logger_type(logger), init_args, config.trainer.default_root_dir)
 
 
 def _keep_the_last_of_each_single_callback(configured: list[Any]) -> None:

@@ -8,6 +8,7 @@ metrics once, when the epoch (and its validation) is over.
 from __future__ import annotations
 
 import logging
+import os
 import sys
 import time
 import warnings
@@ -115,7 +116,10 @@ class _DropLines(logging.Filter):
 
 def quiet_library_noise() -> None:
     """Drop the lines of LIGHTNING_LINES from Lightning's console log and the warnings of LIBRARY_WARNINGS raised
-    inside those libraries (each filter once per process)."""
+    inside those libraries (each filter once per process), and the torch profiler's own log lines."""
+    # Kineto, the torch profiler's library (configs/presets/profile_torch.yaml), prints `USDT:` lines at its start
+    # and stop, and an error for a missing GPU, below level 6; it reads the level when a profiler first starts.
+    os.environ.setdefault("KINETO_LOG_LEVEL", "6")
     lightning = logging.getLogger("lightning.pytorch")
     if not any(isinstance(f, _DropLines) for f in lightning.filters):
         lightning.addFilter(_DropLines())

@@ -7,7 +7,8 @@ one a new Lightning release moved, so an upgrade is a matter of editing this fil
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from lightning import LightningDataModule, Trainer
@@ -137,3 +138,18 @@ def add_datamodule_hook(cli: LightningCLI, after: Callable[[LightningDataModule]
 def format_summary_table(*args: Any) -> str:
     """The text table of Lightning's ModelSummary callback, from the same arguments as its `summarize`."""
     return _format_summary_table(*args)
+
+
+@contextlib.contextmanager
+def datamodules_named_by_class() -> Iterator[None]:
+    """While LightningCLI builds the classes: a datamodule's `str()` is its class name.
+
+    jsonargparse formats the datamodule into a debug message for every linked fact it lacks (engine/cli.py's
+    DATA_FACTS), and Lightning's `LightningDataModule.__str__` calls each of its `*_dataloader` methods to describe
+    them, before `setup`, and fails on a dict of training loaders."""
+    describe = LightningDataModule.__str__
+    LightningDataModule.__str__ = lambda self: type(self).__name__  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        LightningDataModule.__str__ = describe  # type: ignore[method-assign]

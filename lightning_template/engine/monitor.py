@@ -1,8 +1,9 @@
 """The metric a run is judged by: the best-epoch checkpoint, and the check that every monitored metric is logged.
 
 The job states the metric (`--checkpoint.monitor`, `--early_stopping.monitor`; configs/defaults.yaml watches
-`val_loss`, which any task can log, and a classification job `val_acc`). A monitored metric that the model never
-logs is an error at the end of the first validation, naming the metrics that were logged.
+`val_loss`, which any task can log, and a classification job `val_acc`); `null` turns either off. A monitored
+metric that the model never logs is an error at the end of the first validation, naming the metrics that were
+logged.
 """
 
 from __future__ import annotations
@@ -28,6 +29,22 @@ class BestCheckpoint(ModelCheckpoint):
         if "epoch" in metrics:
             metrics = {**metrics, "epoch": metrics["epoch"] + 1}
         return super().format_checkpoint_name(metrics, *args, **kwargs)
+
+
+class EarlyStop(EarlyStopping):
+    """Lightning's EarlyStopping, which `--early_stopping.monitor null` turns off (the CLI then leaves it out)."""
+
+    def __init__(self, monitor: str | None, **kwargs: Any) -> None:
+        """
+        Args:
+            monitor: The metric watched; null: no early stopping (a model that logs no validation metric).
+        """
+        super().__init__(monitor=monitor or "", **kwargs)
+
+
+def monitoring_off(callback: Callback) -> bool:
+    """A best-epoch checkpoint or early stopping whose monitor was set to null (a model that logs nothing)."""
+    return isinstance(callback, (BestCheckpoint, EarlyStop)) and not callback.monitor
 
 
 def option_of(callback: Callback) -> str:
@@ -68,5 +85,6 @@ class MonitoredMetrics(Callback):
             raise ConfigError(
                 f"{option_of(callback)} {monitor}: the model never logged {monitor!r}; it logged {shown}. Monitor one"
                 " of these (with --checkpoint.mode / --early_stopping.mode min for a loss, max for an accuracy),"
-                f" or log {monitor!r} with self.log in the model."
+                f" log {monitor!r} with self.log in the model, or train without a metric: --checkpoint.monitor null"
+                " --early_stopping.monitor null (last.ckpt only, no early stopping)."
             )

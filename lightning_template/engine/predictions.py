@@ -46,14 +46,26 @@ class CSVPredictionWriter(BasePredictionWriter):
         self.output_file = Path(output_file)
         self._writer: Any = None
         self._file: Any = None
+        self._rows = 0
+
+    def _path(self, trainer: Trainer) -> Path:
+        path = self.output_file
+        return path.with_suffix(f".rank{trainer.global_rank}{path.suffix}") if trainer.world_size > 1 else path
+
+    def remove_earlier_output(self, trainer: Trainer) -> None:
+        """An earlier run's file is never left to look like this run's, even if this one fails or writes nothing:
+        `train.py predict` calls this first thing (before the datamodule reads its data), Lightning at `setup`."""
+        self._path(trainer).unlink(missing_ok=True)
+
+    def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        if stage == "predict":
+            self.remove_earlier_output(trainer)
 
     def on_predict_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        path = self.output_file
-        if trainer.world_size > 1:
-            path = path.with_suffix(f".rank{trainer.global_rank}{path.suffix}")
+        path = self._path(trainer)
         path.parent.mkdir(parents=True, exist_ok=True)
         self._file = open(path, "w", newline="", encoding="utf-8")  # noqa: SIM115 (closed in on_predict_end)
-        self._writer = None  # its columns come with the first rows
+        self._writer, self._rows = None, 0  # its columns come with the first rows
 
     def write_on_batch_end(
         self,
@@ -74,8 +86,15 @@ class CSVPredictionWriter(BasePredictionWriter):
             self._writer = csv.DictWriter(self._file, fieldnames=list(rows[0]))
             self._writer.writeheader()
         self._writer.writerows(rows)
+        self._rows += len(rows)
 
     def on_predict_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        if self._file is not None:
-            self._file.close()
-            print(f"predictions written to {self._file.name}", flush=True)
+        if self._file is None:
+            return
+        self._file.close()
+        if self._rows:
+            print(f"predictions written to {self._file.name} ({self._rows} rows)", flush=True)
+        else:
+            Path(self._file.name).unlink()
+            print(f"no predictions: the predict data was empty; nothing written to {self._file.name}", flush=True)
+        self._file = None

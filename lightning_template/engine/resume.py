@@ -100,6 +100,9 @@ class ResumeCheckpoint(ModelCheckpoint):
         super()._save_checkpoint(trainer, filepath)
 
     def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
+        # Nothing trained, or a setting refused (the run is started again with the fix): nothing to resume.
+        if trainer.global_step == 0 or isinstance(exception, ConfigError):
+            return
         # A save failing here (the full disk that failed the run) must not escape: Lightning would skip its teardown
         # and leave its SIGTERM handler installed, catching the signals meant for whatever the process runs next.
         try:
@@ -135,14 +138,14 @@ class ExactResume(Callback):
         trainer = self._trainer
         if trainer is None or trainer.train_dataloader is None:
             return {}
+        loader = trainer.train_dataloader  # several loaders (a dict or list) have no batch size of their own
         state = {
-            "batch_size": trainer.train_dataloader.batch_size,
+            "batch_size": getattr(loader, "batch_size", None),
             "world_size": trainer.world_size,
             "batches_done": trainer.fit_loop.epoch_loop.batch_progress.current.processed,
         }
-        loader = trainer.train_dataloader
         if isinstance(loader, ResumesFromLoop) and loader.worker_dependent:  # streamed: workers own chunk shares
-            state["num_workers"] = trainer.train_dataloader.num_workers
+            state["num_workers"] = loader.num_workers
         return state
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:

@@ -18,7 +18,6 @@ import torch
 from lightning import Trainer
 from lightning.pytorch.trainer.states import TrainerFn
 from torch.utils.data import (
-    BatchSampler,
     DataLoader,
     Dataset,
     DistributedSampler,
@@ -178,14 +177,44 @@ class SeededBatches(Dataset):
             return [self.dataset[i] for i in positions]
 
 
+def not_rebuildable(loader: Any) -> str | None:
+    """Why `loader` cannot be rebuilt with an `EpochSampler` giving the same batches, or None if it can: every
+    argument of its sampler must be one the rebuilt loader honours (a full shuffle or the dataset's order)."""
+    if isinstance(loader, (dict, list, tuple)):
+        return f"the training loaders are a {type(loader).__name__} of {len(loader)} (Lightning's CombinedLoader)"
+    if not isinstance(loader, DataLoader):
+        return f"the training loader is a {type(loader).__name__}, not one DataLoader"
+    if type(loader) is not DataLoader:
+        return f"the training loader is a {type(loader).__name__} (a DataLoader subclass)"
+    if isinstance(loader.dataset, IterableDataset):
+        return f"the training loader reads an IterableDataset ({type(loader.dataset).__name__})"
+    if loader.batch_size is None and loader.batch_sampler is not None:  # DataLoader(batch_sampler=...)
+        return f"the training loader's batches come from its batch_sampler (a {type(loader.batch_sampler).__name__})"
+    if loader.batch_size is None:
+        return "the training loader does not batch (batch_size=None)"
+    sampler = loader.sampler
+    if type(sampler) not in (RandomSampler, SequentialSampler):
+        return f"the training loader's order comes from a {type(sampler).__name__}"
+    if isinstance(sampler, RandomSampler) and sampler.replacement:
+        return "the training loader's RandomSampler draws with replacement"
+    if isinstance(sampler, RandomSampler) and sampler.num_samples != len(loader.dataset):  # type: ignore[arg-type]
+        return (
+            f"the training loader's RandomSampler draws num_samples={sampler.num_samples} of the"
+            f" {len(loader.dataset)} samples an epoch"  # type: ignore[arg-type]
+        )
+    return None
+
+
 def resumable_loader(loader: Any, trainer: Trainer) -> tuple[Any, str | None]:
     """The training loader, made to continue exactly from the Trainer's position when it can be; and, when it
     cannot, why (one line).
 
     A `DataLoader` over a map-style dataset with a plain shuffled or sequential order (`shuffle=True/False`, any
     batch size, `drop_last`, workers) is built again with the same settings, an `EpochSampler` (the same order
-    under DDP, each rank its shard) and `SeededBatches`. A loader that already continues by itself (a
-    `ResumesFromLoop` sampler or loader, or one with `state_dict`, which Lightning restores) is kept as it is.
+    under DDP, each rank its shard, seeded by `--seed_everything` rather than a `generator` of the loader's) and
+    `SeededBatches`; any other sampler or batch sampler is kept, with the reason (`not_rebuildable`). A loader that
+    already continues by itself (a `ResumesFromLoop` sampler or loader, or one with `state_dict`, which Lightning
+    restores) is kept as it is.
     """
     if isinstance(loader, ResumesFromLoop) or isinstance(getattr(loader, "sampler", None), ResumesFromLoop):
         return loader, None
@@ -193,18 +222,8 @@ def resumable_loader(loader: Any, trainer: Trainer) -> tuple[Any, str | None]:
         return loader, None
     if callable(getattr(loader, "state_dict", None)) and callable(getattr(loader, "load_state_dict", None)):
         return loader, None
-    if not isinstance(loader, DataLoader):
-        return loader, f"the training loader is a {type(loader).__name__}, not one DataLoader"
-    if type(loader) is not DataLoader:
-        return loader, f"the training loader is a {type(loader).__name__} (a DataLoader subclass)"
-    if isinstance(loader.dataset, IterableDataset):
-        return loader, f"the training loader reads an IterableDataset ({type(loader.dataset).__name__})"
-    if loader.batch_size is None:
-        return loader, "the training loader does not batch (batch_size=None)"
-    plain = type(loader.sampler) in (RandomSampler, SequentialSampler) and type(loader.batch_sampler) is BatchSampler
-    if not plain or (isinstance(loader.sampler, RandomSampler) and loader.sampler.replacement):
-        what = type(loader.batch_sampler if type(loader.batch_sampler) is not BatchSampler else loader.sampler)
-        return loader, f"the training loader's order comes from a {what.__name__}"
+    if why := not_rebuildable(loader):
+        return loader, why
     rank = world(trainer)[1]
     sampler = EpochSampler(
         loader.dataset, loader.batch_size, trainer, global_seed(), sample_seeds=True,  # type: ignore[arg-type]

@@ -40,14 +40,11 @@ from lightning_template.search.space import Param
 
 HEARTBEAT_S, GRACE_S = 30, 120
 COUNTED = (TrialState.COMPLETE, TrialState.PRUNED)
-NOT_RUN = ("error", "surplus", "duplicate_of")  # FAIL trials that are not re-queued
+SKIPPED = ("surplus", "duplicate_of")  # trials not run (over budget, a repeat): not counted in the budget
+NOT_RUN = ("error", *SKIPPED)  # FAIL trials that are not re-queued (earlier versions stored skipped trials so)
 
 
 class SearchError(ConfigError):
-    pass
-
-
-class _Skip(Exception):  # a trial that must not run: over budget, or a duplicate
     pass
 
 
@@ -200,25 +197,29 @@ class Search:
     monitor: str
     storage: RDBStorage
 
+    def counted(self) -> list[FrozenTrial]:
+        """The trials the budget counts: finished or running, the skipped ones (never run) aside."""
+        trials = self.study.get_trials(deepcopy=False, states=(*COUNTED, TrialState.RUNNING))
+        return [t for t in trials if not any(key in t.user_attrs for key in SKIPPED)]
+
     def budget_left(self) -> int:
-        states = (*COUNTED, TrialState.RUNNING)
-        return self.trials - len(self.study.get_trials(deepcopy=False, states=states))
+        return self.trials - len(self.counted())
 
     def objective(self, trial: optuna.Trial) -> float:
+        """A trial's run; a trial that must not run is stored as what it is: a repeat of a finished trial with that
+        trial's value (Optuna's own recipe), any other skipped trial as pruned, with the reason."""
         trial.set_user_attr("host", socket.gethostname())
         trial.set_user_attr("process", _process_token(os.getpid()))
-        earlier = [
-            t for t in self.study.get_trials(deepcopy=False, states=(*COUNTED, TrialState.RUNNING))
-            if t.number < trial.number
-        ]  # fmt: skip
-        if len(earlier) >= self.trials:  # another process took the last slot first
+        if len([t for t in self.counted() if t.number < trial.number]) >= self.trials:
             trial.set_user_attr("surplus", True)
-            raise _Skip
+            raise optuna.TrialPruned("not run: another process took the budget's last trial first")
         values = {p.key: p.suggest(trial) for p in self.params}
-        for other in self.study.get_trials(deepcopy=False, states=(*COUNTED, TrialState.RUNNING)):
+        for other in self.counted():
             if other.number != trial.number and other.params == values:
                 trial.set_user_attr("duplicate_of", other.number)
-                raise _Skip
+                if other.state == TrialState.COMPLETE:
+                    return other.value
+                raise optuna.TrialPruned(f"not run: the parameters of trial {other.number}, which is not finished")
         folder = trial.user_attrs.get("folder", f"trial_{trial.number:04d}")
         trial.set_user_attr("folder", folder)
         callbacks = [
@@ -263,7 +264,7 @@ class Search:
                 print("The grid is exhausted.", flush=True)
                 break
             before = len(self.study.trials)
-            self.study.optimize(self.objective, n_trials=1, catch=(_Skip, TrialError), gc_after_trial=True)
+            self.study.optimize(self.objective, n_trials=1, catch=(TrialError,), gc_after_trial=True)
             trial = self.study.trials[before] if len(self.study.trials) > before else None
             if trial is not None and "surplus" in trial.user_attrs:
                 break
@@ -278,8 +279,8 @@ class Search:
 
 
 class _QuietStop(logging.Filter):
-    """Optuna logs a trial stopped by Ctrl-C or SIGTERM, a skipped repeat and a trial refused for its settings as
-    failures, with the traceback: the search says each in one line instead (a trial that fails in training keeps
+    """Optuna logs a trial stopped by Ctrl-C or SIGTERM and a trial refused for its settings as failures, with the
+    traceback: the search says each in one line instead (a trial that fails in training keeps
     its traceback, unless the error is one of a user's input, with its fix)."""
 
     stopping = False
@@ -301,8 +302,8 @@ class _QuietStop(logging.Filter):
 
 
 def _said_in_one_line(error: BaseException) -> bool:
-    """Errors the search reports itself: a skipped repeat, its own refusals, a trial's error of the user's input."""
-    if isinstance(error, (_Skip, SearchError)):
+    """Errors the search reports itself: its own refusals, a trial's error of the user's input."""
+    if isinstance(error, SearchError):
         return True
     return isinstance(error, TrialError) and isinstance(error.__cause__, TemplateError)
 

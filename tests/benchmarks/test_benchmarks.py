@@ -77,3 +77,17 @@ def test_gpu_script_runs_every_part_on_a_cpu(tmp_path: Path) -> None:
     assert 0.5 < results["overhead"]["end_to_end_ratio"]["median"] < 2
     assert results["ddp"]["devices"] == 2 and results["ddp"]["images_per_s_2"] > 0
     assert "| SimpleCNN 28 px, fp32 |" in (tmp_path / "gpu.md").read_text()
+
+
+def test_profiling_a_step_prints_nothing_of_the_profiler_itself() -> None:
+    """The CPU profiler (the table's share of time in convolutions and matmuls) runs without its library's
+    `USDT:` start and stop lines or its failed look for a GPU on stderr, in a fresh process as `make bench` runs."""
+    code = (
+        "import torch\nfrom benchmarks.throughput import time_in_flop_ops\n"
+        "share = time_in_flop_ops(lambda: torch.ones(64, 64) @ torch.ones(64, 64), steps=2)\nprint(f'{share:.2f}')"
+    )
+    environment = {k: v for k, v in os.environ.items() if k != "KINETO_LOG_LEVEL"}
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=environment, capture_output=True, text=True,
+                          timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert 0 < float(done.stdout) <= 1 and done.stderr == "", done.stderr

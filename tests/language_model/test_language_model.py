@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import csv
 import math
+import sys
 from pathlib import Path
 
 import pytest
 import torch
 
+from lightning_template.engine.cli import main
 from lightning_template.tasks.language_model.baseline import ngram_cross_entropy
 from lightning_template.tasks.language_model.data import CharVocabulary, FortunesDataModule, split_entries
 from lightning_template.tasks.language_model.model import DecoderNet
@@ -64,16 +66,36 @@ def trained(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return workdir
 
 
-def _generate(workdir: Path, *flags: str) -> list[dict[str, str]]:
+def _predict(workdir: Path, *flags: str, expect: int = 0) -> str:
+    """train.py predict of the trained checkpoint into generated.csv; its console output."""
     checkpoint = next(workdir.glob("logs/language_model/version_0/checkpoints/last.ckpt"))
-    out = workdir / "generated.csv"
-    train_process(
-        ["predict", JOB, f"--ckpt_path={checkpoint}", "--model.max_new_tokens=30", f"--predictions.output_file={out}",
-         "--data.num_prompts=3", *flags],
-        workdir,
+    done = train_process(
+        ["predict", JOB, f"--ckpt_path={checkpoint}", "--model.max_new_tokens=30",
+         f"--predictions.output_file={workdir / 'generated.csv'}", "--data.num_prompts=3", *flags],
+        workdir, expect=expect,
     )  # fmt: skip
-    with open(out, newline="", encoding="utf-8") as f:
+    return done.stdout + done.stderr
+
+
+def _generate(workdir: Path, *flags: str) -> list[dict[str, str]]:
+    _predict(workdir, *flags)
+    with open(workdir / "generated.csv", newline="", encoding="utf-8") as f:
         return list(csv.DictReader(f))
+
+
+@pytest.mark.parametrize(
+    ("flag", "message"),
+    [
+        ("--model.top_k=0", "--model.top_k 0: at least 1 (null: sample among all tokens)."),
+        ("--model.temperature=-0.5", "--model.temperature -0.5: at least 0 (0: greedy, the likeliest token)."),
+    ],
+)
+def test_sampling_settings_out_of_range_are_refused_before_anything_loads(flag, message, monkeypatch, capsys):
+    monkeypatch.setattr(sys, "argv", ["train.py", "predict", JOB, flag])
+    with pytest.raises(SystemExit) as exit_:
+        main()
+    err = capsys.readouterr().err
+    assert exit_.value.code == 1 and f"Error: {message}" in err and "Traceback" not in err
 
 
 @pytest.mark.slow
@@ -85,6 +107,8 @@ def test_generation_from_a_checkpoint_is_the_same_for_the_same_seed(trained: Pat
     assert [r["generated"] for r in other_seed] != [r["generated"] for r in first]
     hot = _generate(trained, "--model.temperature=1.5", "--model.top_k=5")  # sampling flags over a checkpoint
     assert [r["generated"] for r in hot] != [r["generated"] for r in first]
+    greedy = _generate(trained, "--model.temperature=0")  # the likeliest token each time: no seed plays a part
+    assert greedy == _generate(trained, "--model.temperature=0", "--seed_everything=7") != first
 
 
 @pytest.mark.slow
@@ -93,3 +117,17 @@ def test_generation_continues_the_lines_of_a_prompts_file(trained: Path) -> None
     prompts.write_text("A computer\nThe cat\n", encoding="utf-8")
     rows = _generate(trained, f"--data.prompts_file={prompts}")
     assert [row["prompt"] for row in rows] == ["A computer", "The cat"]
+
+
+@pytest.mark.slow
+def test_prompts_come_back_as_written_and_an_empty_prompts_file_is_refused(trained: Path) -> None:
+    prompts = trained / "odd.txt"
+    prompts.write_text("Café au lait ☕\n\n", encoding="utf-8")  # characters beyond the vocabulary; a fresh start
+    output = _predict(trained, f"--data.prompts_file={prompts}")
+    with open(trained / "generated.csv", newline="", encoding="utf-8") as f:
+        assert [row["prompt"] for row in csv.DictReader(f)] == ["Café au lait ☕", ""]
+    assert output.count("characters the model never saw in training") == 1 and "'☕'" in output.replace("é", "")
+    prompts.write_text("", encoding="utf-8")
+    output = _predict(trained, f"--data.prompts_file={prompts}", expect=1)
+    assert f"Error: --data.prompts_file {prompts}: the file is empty; write one prompt per line." in output
+    assert not (trained / "generated.csv").exists()  # the earlier run's file does not pass for this one's

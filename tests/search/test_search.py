@@ -387,3 +387,23 @@ def test_missing_data_is_one_line_in_multirun_and_tune(tmp_path, monkeypatch, ca
     assert stop.value.code == 1
     err = capsys.readouterr().err
     assert "/missing/train not found" in err and "Traceback" not in err
+
+
+@pytest.mark.slow
+def test_a_repeat_of_a_finished_parameter_set_is_stored_as_what_it_is_not_as_a_failure(tmp_path, monkeypatch, capsys):
+    """Two choices and a budget of 3: the sampler can only repeat them. A repeat is not trained again: it gets the
+    finished trial's value (Optuna's recipe), marked as its repeat, and never counts as a failure or in the budget."""
+    monkeypatch.chdir(tmp_path)
+    space = write_space(tmp_path / "space.yaml", {"model.dropout": {"choice": [0.0, 0.2]}})
+    tune.main(["--config", JOB, "--search", str(space), "--trials", "3", "--study", "r", "--sampler", "random",
+               "--seed", "0", *ONE_EPOCH])  # fmt: skip
+    assert "the space is exhausted" in capsys.readouterr().out
+    trials = load(tmp_path / "logs" / "tune" / "r", "r").trials
+    ran = [t for t in trials if "duplicate_of" not in t.user_attrs]
+    repeats = [t for t in trials if "duplicate_of" in t.user_attrs]
+    assert len(ran) == 2 and {t.params["model.dropout"] for t in ran} == {0.0, 0.2} and repeats
+    assert all(t.state == TrialState.COMPLETE for t in trials)
+    assert all(t.value == trials[t.user_attrs["duplicate_of"]].value for t in repeats)
+    assert not (tmp_path / "logs" / "tune" / "r" / f"trial_{repeats[0].number:04d}").exists()  # never trained
+    rows = list(csv.DictReader((tmp_path / "logs" / "tune" / "r" / "results.csv").open()))
+    assert [int(r["trial"]) for r in rows] == [t.number for t in ran]

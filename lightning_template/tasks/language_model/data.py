@@ -17,13 +17,14 @@ import random
 from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from lightning import LightningDataModule
+from lightning.pytorch.utilities import rank_zero_warn
 from torch.utils.data import DataLoader, Dataset
 
-from lightning_template.engine.errors import ConfigError, MissingFileError
+from lightning_template.engine.errors import ConfigError, DataError, MissingFileError
 
 FORTUNES_DIR = "/usr/share/games/fortunes"
 
@@ -96,20 +97,25 @@ class TokenWindows(Dataset):
         return window[:-1], window[1:]
 
 
-class Prompts(Dataset):
-    """(position, prompt ids) pairs; the position seeds the sample's generation."""
+class Prompt(NamedTuple):
+    index: int  # its position, which seeds its generation
+    ids: torch.Tensor  # as the model reads it (characters beyond the vocabulary as <unk>)
+    text: str  # as the user wrote it
 
+
+class Prompts(Dataset):
     def __init__(self, prompts: list[str], vocabulary: CharVocabulary) -> None:
         self.prompts, self.vocabulary = prompts, vocabulary
 
     def __len__(self) -> int:
         return len(self.prompts)
 
-    def __getitem__(self, index: int) -> tuple[int, torch.Tensor]:
-        return index, torch.tensor(self.vocabulary.encode(self.prompts[index]) or [self.vocabulary.eos_id])
+    def __getitem__(self, index: int) -> Prompt:
+        text = self.prompts[index]
+        return Prompt(index, torch.tensor(self.vocabulary.encode(text) or [self.vocabulary.eos_id]), text)
 
 
-def prompt_batch(samples: list[tuple[int, torch.Tensor]]) -> list[tuple[int, torch.Tensor]]:
+def prompt_batch(samples: list[Prompt]) -> list[Prompt]:
     """Prompts of different lengths stay a list: each is generated on its own."""
     return samples
 
@@ -186,7 +192,13 @@ class FortunesDataModule(LightningDataModule):
 
     def setup(self, stage: str) -> None:
         if stage == "predict":
-            self.datasets["predict"] = Prompts(self.prompts(), self.vocabulary)
+            prompts = self.prompts()
+            if unknown := sorted({char for text in prompts for char in text} - self.vocabulary.ids.keys()):
+                rank_zero_warn(
+                    f"The prompts hold {len(unknown)} characters the model never saw in training, read as <unk>:"
+                    f" {''.join(unknown)!r} (the predictions CSV keeps the prompts as written)."
+                )
+            self.datasets["predict"] = Prompts(prompts, self.vocabulary)
             return
         for split in {"fit": ("train", "val"), "validate": ("val",), "test": ("test",)}[stage]:
             if split not in self.datasets:
@@ -198,7 +210,10 @@ class FortunesDataModule(LightningDataModule):
         path = Path(self.prompts_file)
         if not path.is_file():
             raise MissingFileError(f"--data.prompts_file {path}: file not found (one prompt per line).")
-        return path.read_text(encoding="utf-8").splitlines()
+        prompts = path.read_text(encoding="utf-8").splitlines()
+        if not prompts:
+            raise DataError(f"--data.prompts_file {path}: the file is empty; write one prompt per line.")
+        return prompts
 
     def train_dataloader(self) -> DataLoader:
         return DataLoader(

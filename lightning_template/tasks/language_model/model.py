@@ -22,6 +22,7 @@ from lightning.pytorch.cli import OptimizerCallable
 from torch import nn
 from torchmetrics import MeanMetric
 
+from lightning_template.engine.errors import ConfigError
 from lightning_template.engine.optim import (
     WarmupSchedule,
     check_run_length,
@@ -31,6 +32,7 @@ from lightning_template.engine.optim import (
 )
 from lightning_template.engine.sampling import derive_seed, global_seed
 from lightning_template.tasks.classification.models.transformer import Block
+from lightning_template.tasks.language_model.data import Prompt
 
 LN2 = math.log(2)
 
@@ -86,11 +88,16 @@ class LanguageModel(LightningModule):
             warmup_epochs: Linear warmup length in epochs (fractions allowed).
             schedule: After warmup: `cosine` decay to `min_lr_ratio` x lr at the last step, or `constant`.
             min_lr_ratio: Final learning rate of the cosine schedule, as a fraction of `lr`.
-            temperature: `predict`: divides the logits before sampling (lower: safer, more repetitive text).
-            top_k: `predict`: sample among the k likeliest next tokens only (None: all of them).
+            temperature: `predict`: divides the logits before sampling (lower: safer, more repetitive text); 0:
+                greedy, always the likeliest next token.
+            top_k: `predict`: sample among the k likeliest next tokens only (at least 1; null: all of them).
             max_new_tokens: `predict`: longest continuation (it also ends at the end of an entry).
         """
         super().__init__()
+        if temperature < 0:
+            raise ConfigError(f"--model.temperature {temperature}: at least 0 (0: greedy, the likeliest token).")
+        if top_k is not None and top_k < 1:
+            raise ConfigError(f"--model.top_k {top_k}: at least 1 (null: sample among all tokens).")
         # How to sample is a choice at `predict` time, not part of the trained model: a checkpoint does not fix it.
         self.save_hyperparameters(ignore=["temperature", "top_k", "max_new_tokens"])
         self.hparams["optimizer"] = optimizer_spec(self.hparams["optimizer"])  # data, not code, in checkpoints
@@ -134,29 +141,33 @@ class LanguageModel(LightningModule):
         """Continue `prompt` [tokens] by up to `max_new_tokens`, one sampled token at a time, until `end_id`."""
         tokens, new = prompt[None].to(self.device), []
         for _ in range(self.max_new_tokens):
-            logits = self(tokens[:, -self.net.max_length :])[0, -1] / max(self.temperature, 1e-6)
-            if self.top_k is not None and self.top_k < logits.numel():
-                kth = torch.topk(logits, self.top_k).values[-1]
-                logits = logits.masked_fill(logits < kth, float("-inf"))
-            next_id = torch.multinomial(logits.softmax(-1).cpu(), 1, generator=generator).item()
+            logits = self(tokens[:, -self.net.max_length :])[0, -1]
+            if self.temperature == 0:
+                next_id = int(logits.argmax())
+            else:
+                logits = logits / self.temperature
+                if self.top_k is not None and self.top_k < logits.numel():
+                    kth = torch.topk(logits, self.top_k).values[-1]
+                    logits = logits.masked_fill(logits < kth, float("-inf"))
+                next_id = torch.multinomial(logits.softmax(-1).cpu(), 1, generator=generator).item()
             if next_id == end_id:
                 break
             new.append(next_id)
             tokens = torch.cat([tokens, torch.tensor([[next_id]], device=self.device)], dim=1)
         return new
 
-    def predict_step(self, batch: list[tuple[int, torch.Tensor]], batch_idx: int) -> list[tuple[list[int], list[int]]]:
-        """(prompt ids, generated ids) per prompt; each prompt's random numbers come from (seed, its position)."""
+    def predict_step(self, batch: list[Prompt], batch_idx: int) -> list[tuple[str, list[int]]]:
+        """(prompt text, generated ids) per prompt; each prompt's random numbers come from (seed, its position)."""
         end = getattr(getattr(self.trainer.datamodule, "vocabulary", None), "eos_id", None)
         return [
-            (prompt.tolist(), self.generate(prompt, torch.Generator().manual_seed(derive_seed(global_seed(), i)), end))
-            for i, prompt in batch
+            (p.text, self.generate(p.ids, torch.Generator().manual_seed(derive_seed(global_seed(), p.index)), end))
+            for p in batch
         ]
 
-    def prediction_rows(self, outputs: list[tuple[list[int], list[int]]], indices: list[int]) -> list[dict[str, Any]]:
-        """The predictions CSV (engine/predictions.py): the prompt and its continuation, as text."""
+    def prediction_rows(self, outputs: list[tuple[str, list[int]]], indices: list[int]) -> list[dict[str, Any]]:
+        """The predictions CSV (engine/predictions.py): the prompt as given and its continuation, as text."""
         vocabulary = self.trainer.datamodule.vocabulary
-        return [{"prompt": vocabulary.decode(p), "generated": vocabulary.decode(g)} for p, g in outputs]
+        return [{"prompt": text, "generated": vocabulary.decode(generated)} for text, generated in outputs]
 
     def configure_optimizers(self) -> dict[str, Any]:
         decay = [p for p in self.parameters() if p.ndim >= 2 and p is not self.net.pos_embed]

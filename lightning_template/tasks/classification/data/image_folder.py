@@ -124,7 +124,11 @@ class ImageFolderDataModule(DeviceImageTransforms, SplitLoaders, LightningDataMo
         batch_size: int = 64,
         mean: tuple[float, float, float] = IMAGENET_MEAN,
         std: tuple[float, float, float] = IMAGENET_STD,
-        min_crop_scale: float = 0.08,
+        augment: bool = True,
+        crop_scale: tuple[float, float] = (0.08, 1.0),
+        crop_ratio: tuple[float, float] = (3 / 4, 4 / 3),
+        horizontal_flip: bool = True,
+        vertical_flip: bool = False,
         predict_dir: str | None = None,
         on_corrupt: Literal["skip", "error"] = "skip",
         num_folds: int | None = None,
@@ -142,7 +146,12 @@ class ImageFolderDataModule(DeviceImageTransforms, SplitLoaders, LightningDataMo
             batch_size: Samples per batch on each device.
             mean: Per-channel normalization mean (RGB, 0..1 scale).
             std: Per-channel normalization standard deviation.
-            min_crop_scale: Smallest area fraction of RandomResizedCrop while training.
+            augment: Random crops and flips of training images; false: they get the evaluation transform.
+            crop_scale: Area fraction of the image a training crop covers, (smallest, largest); RandomResizedCrop's
+                `scale` (ImageNet recipes: 0.08 to 1; small or fine-grained images: 0.3 or more).
+            crop_ratio: Aspect ratio (width / height) of a training crop, (smallest, largest), before its resize.
+            horizontal_flip: Flip training images left-right at random (not for text or digits).
+            vertical_flip: Flip training images upside down at random (aerial or microscope images).
             predict_dir: Images to classify with `predict` (any folder layout, searched recursively).
             on_corrupt: `skip` logs the unreadable file and drops it from its batch; `error` stops the run.
             num_folds: k-fold cross-validation over train/ (stratified by class): validate on fold `fold`,
@@ -163,17 +172,18 @@ class ImageFolderDataModule(DeviceImageTransforms, SplitLoaders, LightningDataMo
         self.num_workers = num_workers
         self.pin_memory = torch.cuda.is_available() if pin_memory is None else pin_memory
         self.mean, self.std = tuple(mean), tuple(std)  # DeviceImageTransforms.normalize's
-        self.train_transform = v2.Compose(
-            [
-                v2.RandomResizedCrop(image_size, scale=(min_crop_scale, 1.0), antialias=True),
-                v2.RandomHorizontalFlip(),
-                v2.PILToTensor(),
-            ]
-        )
+        if not 0 < crop_scale[0] <= crop_scale[1] <= 1 or not 0 < crop_ratio[0] <= crop_ratio[1]:
+            raise ConfigError(
+                f"--data.crop_scale {list(crop_scale)} / --data.crop_ratio {list(crop_ratio)}: (smallest, largest),"
+                " a scale within 0 < smallest <= largest <= 1, a ratio above 0."
+            )
         self.resize_size = resize_size or round(image_size / 0.875)
         self.eval_transform = v2.Compose(
             [v2.Resize(self.resize_size, antialias=True), v2.CenterCrop(image_size), v2.PILToTensor()]
         )
+        flips = [v2.RandomHorizontalFlip()] * horizontal_flip + [v2.RandomVerticalFlip()] * vertical_flip
+        crop = v2.RandomResizedCrop(image_size, scale=tuple(crop_scale), ratio=tuple(crop_ratio), antialias=True)
+        self.train_transform = v2.Compose([crop, *flips, v2.PILToTensor()]) if augment else self.eval_transform
         self.input_shape = (3, image_size, image_size)
         self.splits: dict[str, ClassFolderDataset] = {}
 

@@ -1,0 +1,92 @@
+"""Lightning code written the way Lightning's docs write it, which the engine must take as it is: an autoencoder with
+a learning rate reduced on a plateau of `val_loss`, its manual-optimization twin, and a datamodule whose training
+loader is built in each of the ways the docs show (shuffled, weighted, a batch sampler, fewer samples an epoch, a
+dict of loaders) with one or two validation loaders. Lightning's own demos (`lightning.pytorch.demos`) are used as
+they ship."""
+
+from __future__ import annotations
+
+import torch
+from lightning import LightningDataModule, LightningModule
+from torch import nn
+from torch.nn import functional as F
+from torch.utils.data import BatchSampler, DataLoader, RandomSampler, TensorDataset, WeightedRandomSampler
+
+from tests.plain_task import read_images
+
+
+class LitAutoEncoder(LightningModule):
+    def __init__(self, lr: float = 1e-3) -> None:
+        super().__init__()
+        self.save_hyperparameters()
+        self.encoder = nn.Sequential(nn.Linear(28 * 28, 64), nn.ReLU(), nn.Linear(64, 3))
+        self.decoder = nn.Sequential(nn.Linear(3, 64), nn.ReLU(), nn.Linear(64, 28 * 28))
+
+    def loss(self, batch) -> torch.Tensor:
+        if isinstance(batch, dict):  # a dict of training loaders: one batch of each
+            return sum(self.loss(part) for part in batch.values())
+        x, _ = batch
+        x = x.view(x.size(0), -1)
+        return F.mse_loss(self.decoder(self.encoder(x)), x)
+
+    def training_step(self, batch, batch_idx: int) -> torch.Tensor:
+        loss = self.loss(batch)
+        self.log("train_loss", loss)
+        return loss
+
+    def validation_step(self, batch, batch_idx: int, dataloader_idx: int = 0) -> None:
+        self.log("val_loss", self.loss(batch))
+
+    def configure_optimizers(self):
+        optimizer = torch.optim.Adam(self.parameters(), lr=self.hparams.lr)
+        scheduler = torch.optim.lr_scheduler.ReduceLROnPlateau(optimizer, factor=0.5, patience=0)
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "monitor": "val_loss"}}
+
+
+class ManualAutoEncoder(LitAutoEncoder):
+    def __init__(self, lr: float = 1e-3) -> None:
+        super().__init__(lr)
+        self.automatic_optimization = False
+
+    def training_step(self, batch, batch_idx: int) -> torch.Tensor:
+        optimizer = self.optimizers()
+        loss = self.loss(batch)
+        optimizer.zero_grad()
+        self.manual_backward(loss)
+        optimizer.step()
+        self.log("train_loss", loss)
+        return loss
+
+    def configure_optimizers(self):
+        return torch.optim.Adam(self.parameters(), lr=self.hparams.lr)
+
+
+class ImagesData(LightningDataModule):
+    def __init__(self, loader: str = "shuffle", val_loaders: int = 1, batch_size: int = 16, train_size: int = 128):
+        super().__init__()
+        self.loader, self.val_loaders, self.batch_size, self.train_size = loader, val_loaders, batch_size, train_size
+
+    def setup(self, stage: str) -> None:
+        images = read_images("train", self.train_size + 64).float() / 255
+        labels = torch.arange(len(images)) % 10
+        self.train = TensorDataset(images[: self.train_size], labels[: self.train_size])
+        self.val = TensorDataset(images[self.train_size :], labels[self.train_size :])
+
+    def train_dataloader(self):
+        data, size = self.train, self.batch_size
+        if self.loader == "shuffle":
+            return DataLoader(data, batch_size=size, shuffle=True)
+        if self.loader == "weighted":  # classes 0-4 drawn twice as often
+            weights = torch.where(data.tensors[1] < 5, 2.0, 1.0)
+            return DataLoader(data, batch_size=size, sampler=WeightedRandomSampler(weights, len(data)))
+        if self.loader == "batch_sampler":
+            return DataLoader(data, batch_sampler=BatchSampler(RandomSampler(data), size, drop_last=False))
+        if self.loader == "num_samples":  # 2 batches an epoch
+            return DataLoader(data, batch_size=size, sampler=RandomSampler(data, num_samples=2 * size))
+        if self.loader == "dict":
+            return {"a": DataLoader(data, batch_size=size, shuffle=True), "b": DataLoader(data, batch_size=size)}
+        raise ValueError(f"--data.loader {self.loader}: no such loader")
+
+    def val_dataloader(self):
+        loaders = [DataLoader(self.val, batch_size=32) for _ in range(self.val_loaders)]
+        return loaders[0] if self.val_loaders == 1 else loaders

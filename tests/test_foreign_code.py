@@ -1,0 +1,114 @@
+"""Code nobody here wrote, through train.py: Lightning's demos and modules written as Lightning's docs write them
+(tests/foreign_code.py). Each is trained, stopped by a real SIGTERM in the middle of an epoch and resumed with
+`--ckpt_path last`: it ends exactly as the run never stopped, or it was told at its start, in one line, why its
+training loader cannot continue from the middle of an epoch (and it still trains, resumes and honours its loader)."""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+
+import pytest
+from lightning.pytorch.demos.transformer import tokenize
+from lightning.pytorch.utilities.exceptions import SIGTERMException
+
+from lightning_template.engine.cli import TemplateCLI
+from lightning_template.engine.errors import ConfigError
+from lightning_template.tasks.classification.data.fortunes import FORTUNES_DIR
+from tests.conftest import last_checkpoint, sigterm_at
+from tests.helpers import same_state
+
+RUN = [
+    "--trainer.max_epochs=2", "--trainer.limit_val_batches=2", "--trainer.enable_progress_bar=false",
+    "--trainer.enable_model_summary=false", "--trainer.log_every_n_steps=1",
+]  # fmt: skip
+UNMONITORED = ["--checkpoint.monitor=null", "--early_stopping.monitor=null"]  # a model that logs no metric
+BORING = ["--model=lightning.pytorch.demos.BoringModel", "--data=lightning.pytorch.demos.BoringDataModule"]
+TRANSFORMER = ["--model=lightning.pytorch.demos.LightningTransformer"]  # its own loader: ./data/wikitext-2.txt
+AUTOENCODER = ["--model=tests.foreign_code.LitAutoEncoder", "--data=tests.foreign_code.ImagesData"]
+MANUAL = ["--model=tests.foreign_code.ManualAutoEncoder", "--data=tests.foreign_code.ImagesData"]
+CELLS = {  # flags, and the reason its training loader cannot continue mid-epoch (None: it resumes exactly)
+    "boring-model": ([*BORING, *UNMONITORED, "--trainer.limit_train_batches=8"], None),
+    "demo-transformer": ([*TRANSFORMER, *UNMONITORED, "--trainer.limit_train_batches=6"], None),
+    "reduce-lr-on-plateau": (AUTOENCODER, None),
+    "manual-optimization": (MANUAL, None),
+    "two-validation-loaders": (
+        [*MANUAL, "--data.val_loaders=2", "--checkpoint.monitor=val_loss/dataloader_idx_0",
+         "--early_stopping.monitor=val_loss/dataloader_idx_1"],
+        None,
+    ),  # fmt: skip
+    "weighted-sampler": (
+        [*AUTOENCODER, "--data.loader=weighted"],
+        "the training loader's order comes from a WeightedRandomSampler",
+    ),
+    "batch-sampler": (
+        [*AUTOENCODER, "--data.loader=batch_sampler"],
+        "the training loader's batches come from its batch_sampler (a BatchSampler)",
+    ),
+    "fewer-samples-an-epoch": (
+        [*AUTOENCODER, "--data.loader=num_samples"],
+        "the training loader's RandomSampler draws num_samples=32 of the 128 samples an epoch",
+    ),
+    "dict-of-loaders": (
+        [*AUTOENCODER, "--data.loader=dict"],
+        "the training loaders are a dict of 2 (Lightning's CombinedLoader)",
+    ),
+}
+
+
+def corpus(folder: Path) -> int:
+    """The demo transformer's data file, from real text (it would download WikiText-2); returns its vocabulary size."""
+    text = (Path(FORTUNES_DIR) / "computers").read_text(encoding="utf-8", errors="replace").splitlines()[:400]
+    path = folder / "data" / "wikitext-2.txt"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("\n".join(line for line in text if line.strip() and line != "%") + "\n", encoding="utf-8")
+    return len(tokenize(path)[1])
+
+
+def fit(folder: Path, monkeypatch, args: list[str]) -> list[str]:
+    """train.py fit in this process (as train.py runs it) in `folder`; the ExactResume lines it warned."""
+    folder.mkdir(exist_ok=True)
+    monkeypatch.chdir(folder)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            TemplateCLI(args=["fit", *args])
+        except SIGTERMException:  # stopped at a step boundary: train.py exits 143 here
+            pass
+    return [str(w.message) for w in caught if str(w.message).startswith("ExactResume")]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("cell", CELLS, ids=str)
+def test_foreign_code_resumes_exactly_or_says_at_its_start_why_not(cell: str, tmp_path: Path, monkeypatch) -> None:
+    args, reason = CELLS[cell]
+    args = [*args, *RUN]
+    if args[0] == TRANSFORMER[0]:
+        args.append(f"--model.vocab_size={max(corpus(tmp_path / 'full'), corpus(tmp_path / 'cut'))}")
+    stop = sigterm_at(epoch=1, batch=0 if cell == "fewer-samples-an-epoch" else 2)
+    full = fit(tmp_path / "full", monkeypatch, args)
+    fit(tmp_path / "cut", monkeypatch, [*args, *stop])
+    resumed = fit(tmp_path / "cut", monkeypatch, [*args, "--ckpt_path=last"])
+    uninterrupted, cut = last_checkpoint(tmp_path / "full"), last_checkpoint(tmp_path / "cut")
+    assert cut["global_step"] == uninterrupted["global_step"] > 0
+    if reason is None:
+        assert not full and not resumed, full + resumed
+        assert same_state(uninterrupted["state_dict"], cut["state_dict"]), "weights differ after the resume"
+        return
+    assert len(full) == 1 and full[0].startswith(f"ExactResume: {reason}, which cannot continue"), full
+    assert any(f"but {reason}" in line for line in resumed), resumed
+    if cell == "fewer-samples-an-epoch":  # the sampler is the user's: 2 batches an epoch, not a full shuffle
+        assert uninterrupted["global_step"] == 4
+
+
+def test_a_model_that_logs_nothing_is_told_how_to_train_without_a_metric(tmp_path: Path, monkeypatch) -> None:
+    """Lightning's BoringModel logs nothing: the default monitor is refused with the way to go on, which trains."""
+    monkeypatch.chdir(tmp_path)
+    quick = [*BORING, "--trainer.max_epochs=1", "--trainer.limit_train_batches=2", "--trainer.limit_val_batches=1",
+             "--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false"]  # fmt: skip
+    with pytest.raises(ConfigError, match=r"it logged nothing\..*--checkpoint.monitor null --early_stopping.monitor"):
+        TemplateCLI(args=["fit", *quick])
+    assert not list(tmp_path.glob("logs/*/*/checkpoints/*.ckpt")), "a refused run left a checkpoint to resume from"
+    cli = TemplateCLI(args=["fit", *quick, *UNMONITORED])
+    assert cli.trainer.global_step == 2
+    assert [p.name for p in tmp_path.glob("logs/boringmodel/*/checkpoints/*.ckpt")] == ["last.ckpt"]
