@@ -9,10 +9,11 @@ from pathlib import Path
 
 import pytest
 import torch
-from lightning.pytorch.callbacks import EarlyStopping, LearningRateMonitor
+from lightning.pytorch.callbacks import LearningRateMonitor
 
 from lightning_template.engine import ExactResume, FiniteLossGuard, ResumeCheckpoint
 from lightning_template.engine.cli import DATA_FACTS, TemplateCLI
+from lightning_template.engine.monitor import EarlyStop
 from lightning_template.tasks.classification import SimpleCNN
 from tests.conftest import QUICK, ROOT, offline_flags, run_cli, save_random_weights
 from tests.helpers import event_tags, same_state, scalar_steps
@@ -37,7 +38,7 @@ def test_every_job_config_is_a_short_delta_that_trains_a_few_steps(
     linked = [name for name in DATA_FACTS if hasattr(cli.datamodule, name) and name in cli.model.hparams]
     assert linked and all(cli.model.hparams[name] == getattr(cli.datamodule, name) for name in linked)
     types = {type(c) for c in cli.trainer.callbacks}
-    assert {ExactResume, ResumeCheckpoint, FiniteLossGuard, LearningRateMonitor, EarlyStopping} <= types
+    assert {ExactResume, ResumeCheckpoint, FiniteLossGuard, LearningRateMonitor, EarlyStop} <= types
     assert cli.config.trainer.logger.init_args.name == config.stem  # the run is named after its config file
     cli.trainer.fit(cli.model, datamodule=cli.datamodule)
     assert cli.trainer.global_step == 2 and "val_loss" in cli.trainer.callback_metrics
