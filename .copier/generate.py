@@ -1,37 +1,41 @@
-"""Copier's post-generation task: make the rendered copy of this repository the project that was asked for.
+"""What Copier runs besides rendering (copier.yml): the project's text after `copier copy` and `copier update`, the
+guard of the owner's files when an update removes an extra, and what an update leaves to finish.
 
-Run by copier.yml's `_tasks` in the new project's folder (`copier copy --trust`, and again in `copier update`,
-where Copier renders the old and the new template version the same way, so that their diffs line up):
+Copier writes only the files the project gets: `_exclude` leaves out the template's own files and the paths of the
+extras not chosen (`extra_paths`, the same table as pyproject.toml's [tool.lightning_template.extras]), and the
+package is written under its own name (`{{ package_name }}` is a link to lightning_template/). Then, in the new
+project's folder (and in Copier's renders of the old and the new template during `copier update`, so that their
+diffs line up), this script, as copier.yml's task:
+1. refuses a name that would make a project that does not work, in one line (Copier's questions check the same
+   rules while they are asked: a refusal there asks again);
+2. in an update that removes extras, refuses before anything is lost if the owner edited or added files among
+   theirs, naming them, and puts the project back as it was (its last commit);
+3. edits the text of the files Copier wrote: drops the marked blocks of the removed extras (lines from `# extra:NAME`
+   or `<!-- extra:NAME -->` to `# /extra:NAME` or `<!-- /extra:NAME -->`; the markers of the extras kept remain,
+   so the project's own tests can still drop them) and their entries in pyproject.toml's table, points the
+   Makefile's `CONFIG ?=` at the chosen data's job, writes the project's name where the template's stands and
+   renames the package (`lightning_template` -> NAME, `lightning-template` -> the distribution name) in the text.
+The rename needs no formatter: the template's code keeps its lines and import order whatever the package's name
+(tests/test_copier.py checks the shortest and the longest names with ruff).
 
-    python .copier/generate.py --template <template folder> --package NAME --slug NAME --extras a,b --data KEY
+As copier.yml's migration after an update (`--after-update`), it names the files where the owner's changes and the
+template's met on the same lines, and says how to finish.
 
-It touches only the files the template has (a project's own files, its .venv, data and logs are left alone):
-1. removes the extras that were left out: their paths in pyproject.toml's [tool.lightning_template.extras] (what
-   an extra is, stated once), their entries in that table, and their marked blocks in Markdown, Makefile, YAML
-   and TOML files: lines from `# extra:NAME` (`<!-- extra:NAME -->`) to `# /extra:NAME` (`<!-- /extra:NAME -->`);
-   the markers of the extras kept remain, so the project's own tests can still drop them (tests/test_docs.py);
-2. points the Makefile's `CONFIG ?=` (what `make train` runs) at the chosen data's job;
-3. renames the package: `lightning_template` -> NAME in every file and path, `lightning-template` -> the slug,
-   then sorts imports and formats the Python files with ruff (a name of another length or alphabetical place
-   moves lines), where ruff can be found.
-
-The code stays plain Python: the repository itself is the full project, and runs as one. tests/test_layers.py
-removes extras from a copy of the repository with `remove_extras`, the same rule as here.
+Plain Python 3.10 and PyYAML (what Copier runs on); the template's tests run it under Python 3.10 too.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib.util
+import json
 import os
 import re
-import shutil
 import subprocess
 import sys
 from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
 
-import tomllib
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the template's root: its tests/ helpers
@@ -39,6 +43,7 @@ from tests.extra_markers import strip_extra_blocks
 
 PACKAGE = "lightning_template"
 DIST = "lightning-template"
+ANSWERS = ".copier-answers.yml"
 # The data a project starts with -> the job `make train` runs (CONFIG ?= in the Makefile), and what the README's
 # quick start says it trains.
 DATA_CONFIGS = {
@@ -51,33 +56,125 @@ DATA_JOBS = {
     "image_folders": "fine-tunes a ResNet on your images in data/images/",
     "text_files": "trains a transformer on text (fortune cookies until you point it at yours)",
 }
-TITLE = "Lightning project template"  # the README's, the site's and its home page's: the project's name instead
+TITLE = "Lightning project template"  # the template's name in README.md, docs/index.md, mkdocs.yml, pyproject.toml
 # Marked blocks that no project keeps (the template's own words), and those a project without extras drops.
 TEMPLATE_BLOCK, EXTRAS_BLOCK = "template", "extras"
 # The template's own files, in no project made from it (copier.yml's _exclude names them too).
-TEMPLATE_ONLY = (".ci", ".copier", "copier.yml", "tests/test_copier.py")
-MARKED_SUFFIXES = {".md", ".yml", ".yaml", ".toml"}
+TEMPLATE_ONLY = (".ci", ".copier", "copier.yml", "tests/test_copier.py", "tests/generated_projects.py")
+MARKED_SUFFIXES = {".md", ".yml", ".yaml", ".toml", ".py"}
 MARKED_NAMES = {"Makefile", ".gitignore"}
-# Never a package name: copier.yml's `reserved_names` (the libraries the project imports, its own folders and
-# scripts, Python's keywords and standard library), the list its questions check.
-RESERVED = set(
-    yaml.safe_load((Path(__file__).resolve().parents[1] / "copier.yml").read_text())["reserved_names"]["default"]
-)
+MAX_PACKAGE_LENGTH = 24  # lightning_template's 18, and 6 more: the longest name the code's lines leave room for
 
 
-def read_extras(root: Path) -> dict[str, list[str]]:
-    """pyproject.toml's [tool.lightning_template.extras]: extra name -> its paths."""
-    pyproject = tomllib.loads((root / "pyproject.toml").read_text())
-    return dict(pyproject["tool"][PACKAGE].get("extras", {}))
+class Refused(SystemExit):
+    """A one-line refusal: Copier shows it above its own line saying the task failed."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(f"generate: {message}")
 
 
-def is_marked_kind(path: str | Path) -> bool:
-    """Whether a file may hold extra markers: Markdown, Makefile, YAML, TOML (never Python)."""
-    path = Path(path)
-    return path.suffix in MARKED_SUFFIXES or path.name in MARKED_NAMES
+def questions(template: Path) -> dict:
+    return yaml.safe_load((template / "copier.yml").read_text(encoding="utf-8"))
 
 
-def drop_manifest_entries(pyproject: str, removed: set[str]) -> str:
+@dataclass(frozen=True)
+class Project:
+    """The answers, as this script uses them."""
+
+    package: str
+    slug: str
+    name: str
+    extras: frozenset[str]  # kept
+    data: str
+    manifest: dict[str, list[str]]  # every extra -> its paths, in the template
+
+    @property
+    def removed(self) -> frozenset[str]:
+        return frozenset(self.manifest) - self.extras
+
+    @property
+    def blocks(self) -> set[str]:
+        """The marked blocks dropped: the removed extras', the template's own, and the words about extras when the
+        project keeps none."""
+        return set(self.removed) | {TEMPLATE_BLOCK} | ({EXTRAS_BLOCK} if not self.extras else set())
+
+    def path(self, template_path: str) -> str:
+        """Where a template file goes in the project."""
+        return under_package_renamed(template_path, PACKAGE, self.package)
+
+    def template_path(self, project_path: str) -> str:
+        return under_package_renamed(project_path, self.package, PACKAGE)
+
+
+def under_package_renamed(path: str, old: str, new: str) -> str:
+    return new + path[len(old) :] if path == old or path.startswith(f"{old}/") else path
+
+
+def under(path: str, prefixes: Iterable[str]) -> bool:
+    return any(path == p.rstrip("/") or path.startswith(p.rstrip("/") + "/") for p in prefixes)
+
+
+def files_under(root: Path) -> list[str]:
+    """Every file below root (not .git, not into linked folders), as posix paths relative to it."""
+    found = []
+    for folder, dirs, names in os.walk(root):
+        dirs[:] = [d for d in dirs if d != ".git"]
+        found += [Path(folder, name).relative_to(root).as_posix() for name in names]
+    return sorted(found)
+
+
+def template_files(template: Path, project: Project) -> list[str]:
+    """The template's files that Copier writes into this project, by their template paths."""
+    gone = [*TEMPLATE_ONLY, *(path for name in project.removed for path in project.manifest[name])]
+    files = files_under(template)
+    return [name for name in files if not under(name, gone) and "{{" not in name and (template / name).is_file()]
+
+
+# -- names ---------------------------------------------------------------------------------------------------
+
+
+def reserved_names(template: Path) -> set[str]:
+    """copier.yml's `reserved_names`: the libraries the project imports, its own folders and scripts, Python's
+    keywords and standard library. Never a package name nor a distribution name."""
+    return set(questions(template)["reserved_names"]["default"])
+
+
+def check_project_name(name: str, slug: str, reserved: set[str]) -> None:
+    """copier.yml's rule for the project's name and its distribution name (Copier checks it when it asks)."""
+    if not name.strip():
+        raise Refused("the project's name is empty: -d project_name='Leaf Disease Classifier', say")
+    if bad := sorted({c for c in name if c == "\\" or not c.isprintable()}):
+        raise Refused(f"the project's name {name!r} holds {bad}: no backslash, tab or other control character")
+    if not re.fullmatch(r"[a-z0-9]+(-[a-z0-9]+)*", slug):
+        raise Refused(f"the project's name {name!r} makes no distribution name (letters or digits of ASCII)")
+    if slug in reserved or slug.replace("-", "_") in reserved:
+        raise Refused(
+            f"the project's name {name!r} would make the distribution {slug!r}, the name of a library it depends"
+            " on, of a module of Python's or of one of its folders: choose another name"
+        )
+
+
+def check_package_name(package: str, reserved: set[str]) -> None:
+    """copier.yml's rule for the package's name (Copier checks it when it asks)."""
+    if not package:
+        raise Refused("no package name: the project's name has letters beyond ASCII; give one, -d package_name=...")
+    if not re.fullmatch(r"[a-z][a-z0-9_]*", package):
+        raise Refused(f"package name {package!r}: lowercase letters, digits and _, starting with a letter")
+    if len(package) > MAX_PACKAGE_LENGTH:
+        raise Refused(f"package name {package!r}: at most {MAX_PACKAGE_LENGTH} characters (the code's lines)")
+    if package in reserved:
+        raise Refused(f"package name {package!r} is taken: a library, a module of Python's or a folder of the project")
+
+
+# -- the text --------------------------------------------------------------------------------------------------
+
+
+def is_marked_kind(path: str) -> bool:
+    """Whether a file may hold extra markers: Markdown, Makefile, YAML, TOML, and Python (whole statements)."""
+    return Path(path).suffix in MARKED_SUFFIXES or Path(path).name in MARKED_NAMES
+
+
+def drop_manifest_entries(pyproject: str, removed: Iterable[str]) -> str:
     """pyproject.toml's text without the removed extras' entries in [tool.lightning_template.extras]."""
     header = f"[tool.{PACKAGE}.extras]\n"
     start = pyproject.index(header) + len(header)
@@ -88,183 +185,165 @@ def drop_manifest_entries(pyproject: str, removed: set[str]) -> str:
     return pyproject[:start] + table + pyproject[start + end :]
 
 
-def under(path: str, prefixes: Iterable[str]) -> bool:
-    return any(path == p.rstrip("/") or path.startswith(p.rstrip("/") + "/") for p in prefixes)
+def markdown_text(text: str) -> str:
+    """`text` shown as written in Markdown (its *, _, ` and brackets not read as markup)."""
+    return re.sub(r"([\\`*_{}\[\]<>#|])", r"\\\1", text)
 
 
-def files_under(root: Path) -> list[str]:
-    """Every file below root (not .git), as posix paths relative to it."""
-    found = []
-    for folder, dirs, names in os.walk(root):
-        dirs[:] = [d for d in dirs if d != ".git"]
-        found += [Path(folder, name).relative_to(root).as_posix() for name in names]
-    return sorted(found)
+def quoted(text: str) -> str:
+    """A double-quoted string of YAML and of TOML alike."""
+    return json.dumps(text, ensure_ascii=False)
 
 
-def prune_empty_folders(root: Path, files: Iterable[str]) -> None:
-    """Remove the folders of the given files that are left empty, deepest first (never root)."""
-    folders = {parent for name in files for parent in Path(name).parents if parent != Path()}
-    for folder in sorted(folders, key=lambda p: len(p.parts), reverse=True):
-        with_root = root / folder
-        if with_root.is_dir() and not any(with_root.iterdir()):
-            with_root.rmdir()
+def named(path: str, text: str, project: Project) -> str:
+    """The project's name where the template's stands, written as each kind of file reads it."""
+    if path in ("README.md", "docs/index.md"):
+        text = text.replace(f"# {TITLE}\n", f"# {markdown_text(project.name)}\n", 1)
+        return text.replace(DATA_JOBS["fashion_mnist"], DATA_JOBS[project.data])
+    if path == "mkdocs.yml":
+        return text.replace(f"site_name: {TITLE}\n", f"site_name: {quoted(project.name)}\n", 1)
+    if path == "pyproject.toml":
+        return re.sub(r'^description = ".*"$', f"description = {quoted(project.name)}", text, count=1, flags=re.M)
+    return text
 
 
-def removed_blocks(extras: Iterable[str], removed: Iterable[str]) -> set[str]:
-    """The marked blocks a project drops: its removed extras', the template's own, and the words about extras
-    when it keeps none."""
-    removed = set(removed)
-    return removed | {TEMPLATE_BLOCK} | ({EXTRAS_BLOCK} if set(extras) <= removed else set())
+def project_text(path: str, text: str, project: Project) -> str:
+    """A template file's text as the project has it; `path` is its template path."""
+    if is_marked_kind(path):
+        stripped = strip_extra_blocks(text, project.blocks)
+        if path == "pyproject.toml":
+            stripped = drop_manifest_entries(stripped, project.removed)
+        if stripped != text:
+            text = stripped.rstrip("\n") + "\n"  # a block dropped at the end leaves no blank last line
+    if path == "Makefile":
+        text, count = re.subn(r"^CONFIG \?= .*$", f"CONFIG ?= {DATA_CONFIGS[project.data]}", text, flags=re.M)
+        if count != 1:
+            raise ValueError(f"Makefile: expected one `CONFIG ?=` line, found {count}")
+    return named(path, text, project).replace(PACKAGE, project.package).replace(DIST, project.slug)
 
 
-def remove_extras(
-    root: Path, removed: Iterable[str], files: Iterable[str] | None = None, blocks: set[str] | None = None
-) -> list[str]:
-    """Remove the extras `removed` from the project at root: their paths, their entries in pyproject.toml's
-    manifest and their marked blocks (or `blocks`). `files` (paths relative to root) limits what is touched;
-    default: every file. Returns the files left."""
-    extras = read_extras(root)
-    removed = set(removed)
-    if unknown := removed - extras.keys():
-        raise ValueError(f"no such extra: {sorted(unknown)} (extras: {sorted(extras)})")
-    blocks = removed if blocks is None else blocks
-    files = files_under(root) if files is None else sorted(files)
-    gone_paths = [path for name in removed for path in extras[name]]
-    gone = [name for name in files if under(name, gone_paths)]
-    for name in gone:
-        (root / name).unlink(missing_ok=True)
-    prune_empty_folders(root, gone)
-    left = [name for name in files if name not in set(gone)]
-    for name in left:
-        path = root / name
-        if is_marked_kind(name) and path.is_file():
-            text = path.read_text()
-            stripped = strip_extra_blocks(text, blocks)
-            if name == "pyproject.toml":
-                stripped = drop_manifest_entries(stripped, removed)
-            if stripped != text:
-                path.write_text(one_last_newline(stripped))
-    return left
-
-
-def one_last_newline(text: str) -> str:
-    """A block dropped at the end of a file leaves no blank last line."""
-    return text.rstrip("\n") + "\n"
-
-
-def set_default_config(makefile: Path, config: str) -> None:
-    """The Makefile's `CONFIG ?=` line -> config."""
-    text, count = re.subn(r"^CONFIG \?= .*$", f"CONFIG ?= {config}", makefile.read_text(), flags=re.M)
-    if count != 1:
-        raise ValueError(f"{makefile}: expected one `CONFIG ?=` line, found {count}")
-    makefile.write_text(text)
-
-
-def finish_text(root: Path, files: Iterable[str], package: str, slug: str, name: str, data: str) -> None:
-    """Rename the package and the distribution in the text; the project's name where the template's stands (the
-    README's, the site's and its home page's titles); the quick start's job for the chosen data."""
-    for file in files:
-        path = root / file
-        if not path.is_file():
+def write_project_text(root: Path, template: Path, project: Project) -> None:
+    """Edit, in place, the text of every file Copier wrote from the template (not the owner's own files)."""
+    for path in template_files(template, project):
+        target = root / project.path(path)
+        if not target.is_file():
             continue
         try:
-            text = path.read_text()
+            text = target.read_text(encoding="utf-8")
         except UnicodeDecodeError:
             continue  # not text
-        new = text.replace(PACKAGE, package).replace(DIST, slug)
-        if file in ("README.md", "docs/index.md", "mkdocs.yml"):
-            new = new.replace(TITLE, name).replace(DATA_JOBS["fashion_mnist"], DATA_JOBS[data])
+        new = project_text(path, text, project)
         if new != text:
-            path.write_text(new)
+            target.write_text(new, encoding="utf-8")
 
 
-def rename_paths(root: Path, files: Iterable[str], package: str) -> list[str]:
-    """Move the files whose path names the package to the new name's path; returns the new file list."""
-    moved, renamed = [], []
-    for name in files:
-        new = name.replace(PACKAGE, package)
-        if new != name and (root / name).is_file():
-            (root / new).parent.mkdir(parents=True, exist_ok=True)
-            os.replace(root / name, root / new)
-            moved.append(name)
-        renamed.append(new)
-    prune_empty_folders(root, moved)
-    return renamed
+# -- copier update -----------------------------------------------------------------------------------------------
 
 
-def ruff_command() -> list[str] | None:
-    if importlib.util.find_spec("ruff") is not None:
-        return [sys.executable, "-m", "ruff"]
-    found = shutil.which("ruff")
-    return [found] if found else None
+def git(root: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+    return subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, check=check)
 
 
-def tidy_python(root: Path, files: Iterable[str]) -> None:
-    """Sort imports and format the Python files with ruff (the project's settings), if ruff is installed."""
-    python = [name for name in files if name.endswith(".py") and (root / name).is_file()]
-    ruff = ruff_command()
-    if not python:
-        return
-    if ruff is None:
-        print("generate: ruff is not installed here; run `make format` once in the new project", file=sys.stderr)
-        return
-    subprocess.run(
-        [*ruff, "check", "--no-cache", "--fix", "--select", "I", "--quiet", "--", *python], cwd=root, check=True
+def is_the_owners_repository(root: Path) -> bool:
+    """Whether `root` is the project's own checkout (Copier's renders of the old and new template are not)."""
+    top = git(root, "rev-parse", "--show-toplevel", check=False)
+    return top.returncode == 0 and Path(top.stdout.strip()).resolve() == root.resolve()
+
+
+def committed(root: Path, path: str) -> str | None:
+    shown = git(root, "show", f"HEAD:{path}", check=False)
+    return shown.stdout if shown.returncode == 0 else None
+
+
+def owners_files_of(root: Path, template: Path, project: Project) -> list[str]:
+    """The files the owner made theirs among those of the extras this update removes: edited (neither the old
+    template's text nor the new one's, as this project would have them) or added. Empty outside an update."""
+    answers = yaml.safe_load(committed(root, ANSWERS) or "") or {}
+    gone = set(answers.get("extras") or []) - project.extras
+    if not gone:
+        return []
+    earlier = Project(**{**project.__dict__, "extras": frozenset(answers.get("extras") or [])})
+    paths = [project.path(path) for name in sorted(gone) for path in project.manifest.get(name, [])]
+    listed = git(root, "ls-tree", "-r", "-z", "--name-only", "HEAD", "--", *paths).stdout.split("\0")
+    old_commit = str(answers.get("_commit", "")).rsplit("-g", 1)[-1]
+    theirs = []
+    for path in filter(None, listed):
+        source = project.template_path(path)
+        mine = committed(root, path)
+        versions = [(template / source).read_text(encoding="utf-8")] if (template / source).is_file() else []
+        old = git(template, "show", f"{old_commit}:{source}", check=False) if old_commit else None
+        if old is not None and old.returncode == 0:
+            versions.append(old.stdout)
+        pristine = {project_text(source, text, earlier) for text in versions}
+        if mine not in pristine:
+            theirs.append(path)
+    return theirs
+
+
+def refuse_to_remove_the_owners_files(root: Path, theirs: list[str], project: Project) -> None:
+    """Put the project back as it was before the update (its last commit, which Copier required clean) and
+    refuse, naming the files and the ways to go on."""
+    git(root, "checkout", "-q", "HEAD", "--", ".")
+    git(root, "clean", "-q", "-fd", "--", ".")  # what the render added; ignored files (.venv, data, logs) stay
+    shown = "\n".join(f"  {path}" for path in theirs)
+    raise SystemExit(
+        f"copier update: the extras you remove ({', '.join(sorted(project.removed))}) hold files you edited or"
+        f" added:\n{shown}\nNothing was changed. To go on, keep what you need outside those extras' folders, or"
+        " delete the files (git rm), commit, and run the update again; or keep the extras."
     )
-    subprocess.run([*ruff, "format", "--no-cache", "--quiet", "--", *python], cwd=root, check=True)
 
 
-def check_package_name(package: str) -> None:
-    """copier.yml's rule (Copier checks it at the question; a project generated by hand is checked here)."""
-    if not re.fullmatch(r"[a-z][a-z0-9_]*", package):
-        raise SystemExit(f"generate: {package!r} cannot be the package name (lowercase letters, digits, _)")
-    if package in RESERVED:
-        raise SystemExit(f"generate: {package!r} is taken: a library, a module of Python's or a folder of the project")
-    if len(package) > len(PACKAGE) + 6:
-        raise SystemExit(f"generate: {package!r} is too long for the code's line length (at most 24 characters)")
+def report_conflicts(root: Path) -> None:
+    """After `copier update`: the files where the owner's lines and the template's met, and how to finish."""
+    unmerged = sorted(set(git(root, "diff", "--name-only", "--diff-filter=U", check=False).stdout.split()))
+    rejected = sorted(str(p.relative_to(root)) for p in root.rglob("*.rej") if ".git" not in p.parts)
+    if unmerged:
+        print(
+            f"copier update: {len(unmerged)} files have lines that you and the template both changed:\n"
+            + "\n".join(f"  {path}" for path in unmerged)
+            + "\nIn each, keep what you want between `<<<<<<< before updating` and `>>>>>>> after updating` (your"
+            " lines, then the template's), delete the markers, then `git add` the files and commit.",
+            file=sys.stderr,
+        )
+    if rejected:
+        print(
+            "copier update: changes that could not be applied are in "
+            + ", ".join(rejected)
+            + ": apply them by hand, then delete the .rej files.",
+            file=sys.stderr,
+        )
 
 
-def generate(
-    root: Path,
-    template: Path,
-    package: str,
-    slug: str,
-    extras: set[str],
-    data: str,
-    files: Iterable[str],
-    name: str = TITLE,
-) -> list[str]:
-    """Turn the rendered copy at root into the project asked for; returns its template files, as renamed."""
-    check_package_name(package)
-    manifest = read_extras(template)
-    if unknown := extras - manifest.keys():
-        raise SystemExit(f"generate: no such extra: {sorted(unknown)} (extras: {sorted(manifest)})")
-    if data not in DATA_CONFIGS:
-        raise SystemExit(f"generate: no such data choice: {data!r} (choices: {sorted(DATA_CONFIGS)})")
-    removed = manifest.keys() - extras
-    left = remove_extras(root, removed, files, removed_blocks(manifest, removed))
-    set_default_config(root / "Makefile", DATA_CONFIGS[data])
-    finish_text(root, left, package, slug, name, data)
-    renamed = rename_paths(root, left, package)
-    if package != PACKAGE:
-        tidy_python(root, renamed)
-    return renamed
+# -- the command -------------------------------------------------------------------------------------------------
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--template", type=Path, required=True, help="The template's folder (Copier's src_path).")
-    parser.add_argument("--package", required=True)
-    parser.add_argument("--slug", required=True, help="The distribution name, pyproject.toml's [project] name.")
+    parser.add_argument("--after-update", action="store_true", help="Copier's migration: report the conflicts.")
+    parser.add_argument("--package", default=PACKAGE)
+    parser.add_argument("--slug", default=DIST, help="The distribution name, pyproject.toml's [project] name.")
+    parser.add_argument("--name", default=TITLE, help="The project's name.")
     parser.add_argument("--extras", default="", help="The extras kept, comma-separated.")
     parser.add_argument("--data", default="fashion_mnist", choices=sorted(DATA_CONFIGS))
-    parser.add_argument("--name", default=TITLE, help="The project's name (the README's title).")
+    parser.add_argument("--operation", default="copy", help="Copier's: copy or update.")
     args = parser.parse_args(argv)
     root = Path.cwd()
-    # What this template wrote here: its files (as Copier renders them, same paths) that are present.
-    files = [name for name in files_under(args.template) if (root / name).is_file()]
-    extras = {name.strip() for name in args.extras.split(",") if name.strip()}
-    generate(root, args.template, args.package, args.slug, extras, args.data, files, args.name)
+    if args.after_update:
+        report_conflicts(root)
+        return
+    reserved = reserved_names(args.template)
+    check_project_name(args.name, args.slug, reserved)
+    check_package_name(args.package, reserved)
+    manifest = questions(args.template)["extra_paths"]["default"]
+    extras = frozenset(name.strip() for name in args.extras.split(",") if name.strip())
+    if unknown := extras - manifest.keys():
+        raise Refused(f"no such extra: {sorted(unknown)} (extras: {sorted(manifest)})")
+    project = Project(args.package, args.slug, args.name, extras, args.data, manifest)
+    in_the_project = args.operation == "update" and is_the_owners_repository(root)  # not Copier's renders
+    if in_the_project and (theirs := owners_files_of(root, args.template, project)):
+        refuse_to_remove_the_owners_files(root, theirs, project)
+    write_project_text(root, args.template, project)
 
 
 if __name__ == "__main__":

@@ -33,10 +33,11 @@ import torchvision
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from torch.utils.data import DataLoader
 
+from lightning_template.tasks.classification import FashionMNISTDataModule
+
 from benchmarks.overhead import end_to_end, lightning_floor, per_step_overhead, sync
 from benchmarks.stats import Summary, describe, summarize
 from benchmarks.throughput import StepSpec, interleaved_windows, job_model, time_in_flop_ops, training_step
-from lightning_template.tasks.classification import FashionMNISTDataModule
 
 ROOT = Path(__file__).resolve().parents[1]
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")

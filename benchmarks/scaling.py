@@ -38,10 +38,11 @@ from PIL import Image
 from torch.utils.data import DataLoader
 from torchvision import transforms
 
-from convert import convert
 from lightning_template.streaming import StreamingImageDataModule
 from lightning_template.tasks.classification import FashionMNISTDataModule, ImageFolderDataModule
 from lightning_template.tasks.classification.data.idx import load_split
+
+from convert import convert
 
 ROOT = Path(__file__).resolve().parents[1]
 FASHION = Path("/usr/share/datasets/fashion-mnist")

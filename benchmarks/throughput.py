@@ -18,9 +18,10 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 from torch.utils.flop_counter import FlopCounterMode
 
-from benchmarks.overhead import sync
 from lightning_template.engine.console import quiet_library_noise
 from lightning_template.tasks.classification.models.base import ClassificationModule
+
+from benchmarks.overhead import sync
 
 ROOT = Path(__file__).resolve().parents[1]
 

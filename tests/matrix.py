@@ -33,6 +33,7 @@ from lightning_template.tasks.classification import (
     SimpleCNN,
     TwoStageFinetuning,
 )
+
 from tests.helpers import SignalAtBatch, StopAfterEpoch
 from tests.plain_task import RegressionData, Regressor
 

@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from lightning_template.engine.cli import TemplateCLI
+
 from tests.conftest import last_checkpoint, sigterm_at, train_process
 from tests.helpers import same_state
 

@@ -15,6 +15,7 @@ from lightning_template.engine import ExactResume, FiniteLossGuard, ResumeCheckp
 from lightning_template.engine.cli import DATA_FACTS, TemplateCLI
 from lightning_template.engine.monitor import EarlyStop
 from lightning_template.tasks.classification import SimpleCNN
+
 from tests.conftest import QUICK, ROOT, offline_flags, run_cli, save_random_weights
 from tests.helpers import event_tags, same_state, scalar_steps
 

@@ -17,6 +17,7 @@ from lightning_template.engine.cli import TemplateCLI, main, template_error
 from lightning_template.engine.console import EpochLines, ParameterSummary
 from lightning_template.engine.errors import ConfigError
 from lightning_template.tasks.classification import FashionMNISTDataModule, SimpleCNN
+
 from tests.conftest import QUICK, ROOT
 from tests.helpers import SignalAtBatch
 

@@ -13,6 +13,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from lightning_template.engine import ExactResume, ProcessGroupTeardown
+
 from tests.conftest import ROOT, run_cli
 from tests.helpers import free_port, max_difference
 

@@ -19,6 +19,7 @@ from lightning_template.tasks.classification import FashionMNISTDataModule, ResN
 from lightning_template.tasks.classification.data.idx import ALL_FILES
 from lightning_template.tasks.classification.data.image_folder import CorruptImageError, load_rgb
 from lightning_template.tasks.classification.data.text import read_records
+
 from tests.conftest import ROOT
 
 

@@ -22,6 +22,7 @@ from lightning_template.tasks.classification import (
     TransformerClassifier,
     TwoStageFinetuning,
 )
+
 from tests.conftest import ROOT, save_random_weights
 from tests.helpers import StopAfterEpoch, event_tags, same_state
 

@@ -5,6 +5,7 @@ training loader cannot continue from the middle of an epoch (and it still trains
 
 from __future__ import annotations
 
+import contextlib
 import warnings
 from pathlib import Path
 
@@ -15,6 +16,7 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 from lightning_template.engine.cli import TemplateCLI
 from lightning_template.engine.errors import ConfigError
 from lightning_template.tasks.classification.data.fortunes import FORTUNES_DIR
+
 from tests.conftest import last_checkpoint, sigterm_at
 from tests.helpers import same_state
 
@@ -27,16 +29,16 @@ BORING = ["--model=lightning.pytorch.demos.BoringModel", "--data=lightning.pytor
 TRANSFORMER = ["--model=lightning.pytorch.demos.LightningTransformer"]  # its own loader: ./data/wikitext-2.txt
 AUTOENCODER = ["--model=tests.foreign_code.LitAutoEncoder", "--data=tests.foreign_code.ImagesData"]
 MANUAL = ["--model=tests.foreign_code.ManualAutoEncoder", "--data=tests.foreign_code.ImagesData"]
+PER_LOADER = ["--checkpoint.monitor=val_loss/dataloader_idx_0", "--early_stopping.monitor=val_loss/dataloader_idx_1"]
 CELLS = {  # flags, and the reason its training loader cannot continue mid-epoch (None: it resumes exactly)
     "boring-model": ([*BORING, *UNMONITORED, "--trainer.limit_train_batches=8"], None),
     "demo-transformer": ([*TRANSFORMER, *UNMONITORED, "--trainer.limit_train_batches=6"], None),
     "reduce-lr-on-plateau": (AUTOENCODER, None),
     "manual-optimization": (MANUAL, None),
     "two-validation-loaders": (
-        [*MANUAL, "--data.val_loaders=2", "--checkpoint.monitor=val_loss/dataloader_idx_0",
-         "--early_stopping.monitor=val_loss/dataloader_idx_1"],
+        [*MANUAL, "--data.val_loaders=2", *PER_LOADER],
         None,
-    ),  # fmt: skip
+    ),
     "weighted-sampler": (
         [*AUTOENCODER, "--data.loader=weighted"],
         "the training loader's order comes from a WeightedRandomSampler",
@@ -71,10 +73,8 @@ def fit(folder: Path, monkeypatch, args: list[str]) -> list[str]:
     monkeypatch.chdir(folder)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        try:
+        with contextlib.suppress(SIGTERMException):  # stopped at a step boundary: train.py exits 143 here
             TemplateCLI(args=["fit", *args])
-        except SIGTERMException:  # stopped at a step boundary: train.py exits 143 here
-            pass
     return [str(w.message) for w in caught if str(w.message).startswith("ExactResume")]
 
 

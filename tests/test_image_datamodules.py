@@ -17,6 +17,7 @@ from lightning_template.tasks.classification import CIFAR10DataModule, ImageFold
 from lightning_template.tasks.classification.data.files import DatasetNotFoundError
 from lightning_template.tasks.classification.data.idx import read_idx
 from lightning_template.tasks.classification.data.image_folder import CorruptImageError, compute_mean_std
+
 from tests.conftest import ROOT
 
 CLASSES = {0: "tshirt", 1: "trouser", 7: "sneaker"}

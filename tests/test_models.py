@@ -21,6 +21,7 @@ from lightning_template.tasks.classification import (
     TransformerClassifier,
 )
 from lightning_template.tasks.classification.models.pretrained import WeightsError, adapt_input_conv
+
 from tests.conftest import save_random_weights
 
 CASES = {

@@ -22,6 +22,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 
 from lightning_template.engine import ExactResume, ResumeCheckpoint
 from lightning_template.tasks.classification import FashionMNISTDataModule, SimpleCNN
+
 from tests import matrix
 from tests.helpers import SignalAtBatch, StopAfterEpoch, same_state
 

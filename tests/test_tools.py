@@ -11,6 +11,7 @@ from PIL import Image
 
 from lightning_template.engine.cli import TemplateCLI
 from lightning_template.tasks.classification import FashionMNISTDataModule, ResNetClassifier
+
 from tests.conftest import ONE_EPOCH, ROOT, best_checkpoint, run_cli, save_random_weights
 from tests.helpers import event_tags
 

@@ -15,6 +15,7 @@ from lightning_template.engine.cli import main
 from lightning_template.tasks.language_model.baseline import ngram_cross_entropy
 from lightning_template.tasks.language_model.data import CharVocabulary, FortunesDataModule, split_entries
 from lightning_template.tasks.language_model.model import DecoderNet
+
 from tests.conftest import ROOT, train_process
 
 JOB = f"--config={ROOT / 'configs/language_model.yaml'}"

@@ -19,10 +19,11 @@ import yaml
 from optuna.distributions import CategoricalDistribution, FloatDistribution
 from optuna.trial import TrialState, create_trial
 
-import multirun
-import tune
 from lightning_template.search import runs
 from lightning_template.search.space import SpaceError, load_space
+
+import multirun
+import tune
 from tests.conftest import ROOT, run_cli
 
 JOB = str(ROOT / "configs" / "simple_cnn.yaml")

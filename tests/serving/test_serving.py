@@ -31,6 +31,7 @@ from lightning_template.serving.launch import server_process
 from lightning_template.serving.preprocess import BadInput, ImagePreprocessor
 from lightning_template.tasks.classification import ImageFolderDataModule
 from lightning_template.tasks.classification.data.idx import read_idx
+
 from tests.conftest import ROOT, best_checkpoint
 
 NUM_IMAGES = 16

@@ -9,6 +9,7 @@ import pytest
 import requests
 
 from lightning_template.serving.launch import background_server
+
 from tests.conftest import ROOT, run_cli
 
 

@@ -19,9 +19,10 @@ import pytest
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from convert import convert
 from lightning_template.streaming import StreamingImageDataModule
 from lightning_template.tasks.classification import FashionMNISTDataModule
+
+from convert import convert
 from tests.conftest import ROOT, run_cli
 from tests.helpers import free_port, max_difference
 

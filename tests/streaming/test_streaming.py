@@ -20,7 +20,6 @@ import torch
 from PIL import Image
 
 import lightning_template.streaming
-from convert import convert
 from lightning_template.streaming import StreamingImageDataModule, StreamingTextDataModule
 from lightning_template.streaming.datamodules import StreamingDataError, decode_image
 from lightning_template.tasks.classification import (
@@ -28,6 +27,8 @@ from lightning_template.tasks.classification import (
     ImageFolderDataModule,
     TextClassificationDataModule,
 )
+
+from convert import convert
 from tests.conftest import QUICK, ROOT, run_cli
 from tests.test_datamodules import assert_contract
 

@@ -13,6 +13,7 @@ from lightning import Callback, Trainer, seed_everything
 from lightning_template.engine import ExactResume, ResumeCheckpoint
 from lightning_template.tasks.classification import FashionMNISTDataModule, SimpleCNN, TwoStageFinetuning
 from lightning_template.tools import EMAWeightAveraging, SWAWeightAveraging
+
 from tests.conftest import save_random_weights
 from tests.helpers import SignalAtBatch, StopAfterEpoch, same_state
 

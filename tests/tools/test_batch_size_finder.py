@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from lightning_template.engine.cli import TemplateCLI
+
 from tests.conftest import QUICK, ROOT
 
 JOB = ["--config", str(ROOT / "configs/simple_cnn.yaml")]

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from lightning_template.engine.cli import TemplateCLI
+
 from tests.conftest import ONE_EPOCH, ROOT
 
 

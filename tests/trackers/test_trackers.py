@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from lightning_template.engine.cli import TemplateCLI
+
 from tests.conftest import QUICK, ROOT
 
 JOB = str(ROOT / "configs" / "simple_cnn.yaml")

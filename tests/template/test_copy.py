@@ -1,0 +1,437 @@
+"""`copier copy`: what a new owner gets, for every choice of extras, every name a user can type, and on the oldest
+Python Copier runs on.
+
+A project has only the extras chosen (Copier writes nothing else: what it lists is what the project has), no word
+of the others in any file (code comments and docstrings included), its own package name everywhere, its own name
+in every file that names it, written as that file reads it; it installs from its own pyproject.toml, lints clean and
+passes its own tests with its own `make` targets, as its README runs them.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import sysconfig
+import time
+from pathlib import Path
+
+import jinja2
+import pytest
+import tomllib
+import yaml
+from copier import run_copy
+from jinja2_ansible_filters import AnsibleCoreFiltersExtension
+
+from tests.conftest import ROOT
+from tests.extra_markers import markers_in
+from tests.template.projects import (
+    EXTRAS,
+    GENERATE,
+    GIT_IDENTITY,
+    QUESTIONS,
+    SUBPROCESS_TIMEOUT,
+    commit_tree,
+    copier_cli,
+    git,
+    make_project,
+    project_files,
+    text_of,
+)
+
+# (a) the core alone, the package name derived from the project's; (b) every extra, a longer name.
+CORE = {"project_name": "Zeta Vision", "extras": [], "data": "fashion_mnist"}
+FULL = {
+    "project_name": "ACME Research", "package_name": "acme_imaging_experiments", "extras": sorted(EXTRAS),
+    "data": "text_files",
+}  # fmt: skip
+CASES = {"core": (CORE, "zeta_vision", "zeta-vision"), "full": (FULL, "acme_imaging_experiments", "acme-research")}
+# Optional-dependency groups each case keeps (the trackers' stay with the core: its logger check names them).
+GROUPS = {
+    "core": {"mlflow", "mlflow-ui", "wandb", "docs", "lint", "test", "dev"},
+    "full": {"export", "tune", "mlflow", "mlflow-ui", "wandb", "serve", "stream", "docs", "lint", "test", "dev"},
+}
+
+
+@pytest.fixture(scope="session")
+def template(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return commit_tree(ROOT, tmp_path_factory.mktemp("template"))
+
+
+# -- the rules --------------------------------------------------------------------------------------------------
+
+
+def test_strip_extra_blocks_drops_the_removed_blocks_and_keeps_the_others() -> None:
+    inner = "# extra:serving\nboth\n# /extra:serving\n"
+    text = f"a\n\n<!-- extra:search -->\n## Search\n{inner}<!-- /extra:search -->\n\nb\n"
+    assert GENERATE.strip_extra_blocks(text, {"search"}) == "a\n\nb\n"
+    assert GENERATE.strip_extra_blocks(text, {"serving"}) == text.replace(inner, "")
+    assert GENERATE.strip_extra_blocks(text, set()) == text
+    for broken in ("# extra:search\nx\n", "x\n# /extra:search\n", "# extra:search\n# /extra:serving\n"):
+        with pytest.raises(ValueError):
+            GENERATE.strip_extra_blocks(broken, set())
+
+
+def test_every_marker_names_an_extra_or_a_pseudo_block_and_is_closed() -> None:
+    tracked = git("ls-files", "--cached", "--others", "--exclude-standard", cwd=ROOT).splitlines()
+    marked = [name for name in tracked if GENERATE.is_marked_kind(name) and (ROOT / name).is_file()]
+    assert "Makefile" in marked and "pyproject.toml" in marked
+    for name in marked:
+        text = (ROOT / name).read_text()
+        GENERATE.strip_extra_blocks(text, set())  # raises on an unbalanced marker
+        blocks = EXTRAS.keys() | {GENERATE.TEMPLATE_BLOCK, GENERATE.EXTRAS_BLOCK}
+        assert markers_in(text) <= blocks, f"{name}: a marker names neither an extra nor a pseudo-block"
+
+
+def test_the_questions_match_the_manifest_and_the_generator() -> None:
+    manifest = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["lightning_template"]["extras"]
+    assert manifest == EXTRAS  # copier.yml's extra_paths (what Copier leaves out) and the project's own record
+    assert sorted(QUESTIONS["extras"]["choices"].values()) == sorted(EXTRAS)
+    assert sorted(QUESTIONS["data"]["choices"].values()) == sorted(GENERATE.DATA_CONFIGS)
+    for config in GENERATE.DATA_CONFIGS.values():
+        assert (ROOT / config).is_file(), config
+        assert not any(GENERATE.under(config, paths) for paths in EXTRAS.values()), f"{config} is in an extra"
+    assert set(GENERATE.TEMPLATE_ONLY) <= set(QUESTIONS["_exclude"])
+    assert os.readlink(ROOT / "{{ package_name }}") == "lightning_template"  # the package, under its new name
+
+
+# Names a user can type, and whether each makes a project (True) or is refused (the reason's words).
+PROJECT_NAMES = {
+    "Leaf Disease Classifier": True, '"Leaf" Net': True, "'Leaf' Net": True, "*Leaf*": True, "- Leaf": True,
+    "Leaf: Net": True, "Leaf # Net": True, "123 Leaves": True, "[Leaf](x) <b> `a` | b & c {d}": True,
+    "Léaf Nét": True, "": "empty", "   ": "empty", "torch": "library", "json": "library", "Tests": "library",
+    "Leaf\\Net": "backslash", "Leaf\tNet": "control", "%%%": "distribution name", "Ünïcödé": True,
+}  # fmt: skip
+PACKAGE_NAMES = {
+    "leaf": True, "a" * 24: True, "leaf2": True, "": "Type one", "Leaf": "Lowercase", "2leaf": "Lowercase",
+    "leaf-net": "Lowercase", "a" * 25: "24", "torch": "taken", "json": "taken", "class": "taken", "configs": "taken",
+}  # fmt: skip
+
+
+def slug_of(name: str) -> str:
+    """copier.yml's project_slug for an ASCII name."""
+    return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
+
+
+def validator(question: str, **context) -> str:
+    """copier.yml's validator of `question` rendered as Copier renders it while asking (its message, or "")."""
+    environment = jinja2.Environment(extensions=[AnsibleCoreFiltersExtension])
+    conf = {"defaults": False, "data": {}}
+    reserved = QUESTIONS["reserved_names"]["default"]
+    return (
+        environment.from_string(QUESTIONS[question]["validator"])
+        .render(**context, reserved_names=reserved, _copier_conf=conf)
+        .strip()
+    )
+
+
+@pytest.mark.parametrize("name", PROJECT_NAMES, ids=repr)
+def test_a_project_name_gets_the_same_verdict_when_asked_and_when_given(name: str) -> None:
+    """While it is typed (copier.yml's validator: a refusal asks again) and given by -d or --defaults (the
+    generator, in one line): the same rule."""
+    expected, reserved = PROJECT_NAMES[name], GENERATE.reserved_names(ROOT)
+    asked = validator("project_name", project_name=name)
+    slug = slug_of(name) if name.isascii() else "reseau"  # beyond ASCII: the package's name, typed
+    try:
+        GENERATE.check_project_name(name, slug, reserved)
+        given = ""
+    except SystemExit as refusal:
+        given = str(refusal.code)
+        assert given.startswith("generate: ") and "\n" not in given
+    if expected is True:
+        assert asked == given == ""
+    else:
+        assert expected in given, given
+        assert asked, "the question accepts what the generator refuses"
+
+
+@pytest.mark.parametrize("name", PACKAGE_NAMES, ids=repr)
+def test_a_package_name_gets_the_same_verdict_when_asked_and_when_given(name: str) -> None:
+    expected = PACKAGE_NAMES[name]
+    asked = validator("package_name", package_name=name)
+    try:
+        GENERATE.check_package_name(name, GENERATE.reserved_names(ROOT))
+        given = ""
+    except SystemExit as refusal:
+        given = str(refusal.code)
+    assert (asked == given == "") if expected is True else (expected in asked and given), (asked, given)
+
+
+@pytest.mark.parametrize("package", ["a", "z" * 24])
+def test_the_package_renamed_needs_no_formatter(package: str, tmp_path: Path) -> None:
+    """The shortest and the longest package names: the renamed code keeps ruff's line breaks and import order
+    (the generator runs no formatter: Copier's Python has none)."""
+    project = GENERATE.Project(package, package.replace("_", "-"), "X", frozenset(EXTRAS), "fashion_mnist", EXTRAS)
+    for path in GENERATE.template_files(ROOT, project):
+        if path.endswith(".py") or path == "pyproject.toml":
+            target = tmp_path / project.path(path)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_text(GENERATE.project_text(path, (ROOT / path).read_text(), project))
+    ruff = [sys.executable, "-m", "ruff"]
+    for command in (["check", "--no-cache", "."], ["format", "--no-cache", "--check", "."]):
+        done = subprocess.run([*ruff, *command], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stdout + done.stderr
+
+
+# -- copier copy ------------------------------------------------------------------------------------------------
+
+
+# What names an extra, beyond its paths: its make targets and dependency groups, its libraries and features, as the
+# docs and comments would say them. A project without the extra has none of them in any file.
+EXTRA_WORDS = {
+    "search": ["make tune", "make seeds", "make test-search", "[tune]", "Optuna", "optuna", "hyperparameter search",
+               "tune.py", "multirun.py", "k-fold cross", "search extra", "searches"],
+    "serving": ["make serve", "make bench-serve", "[serve]", "[export]", "schemathesis", "LitServe", "litserve",
+                "ONNX", "onnx", "TorchScript", "serve.py", "export.py", "Docker", "serving", "HTTP API"],
+    "streaming": ["[stream]", "LitData", "litdata", "streaming", "convert.py", "beyond RAM"],
+    "benchmarks": ["make bench", "make bench-main", "make bench-quick", "make bench-scale", "make bench-gpu",
+                   "benchmarks/", "benchmark"],
+    "trackers": ["mlflow.yaml", "wandb.yaml", "tests/trackers"],
+    "tools": ["EMA", "SWA", "weight averaging", "LR finder", "learning-rate finder", "lr_find", "batch-size finder",
+              "batch_size_finder", "tools extra"],
+    "language_model": ["language model", "language_model", "LanguageModel", "5-gram", "n-gram", "bits per character",
+                       "decoder-only"],
+}  # fmt: skip
+
+
+def removed_mentions(removed: set[str]) -> set[str]:
+    """What a project without these extras must not name: their files and folders (by path, and a script or page by
+    its file name), make targets, dependency groups, libraries and features."""
+    words = set()
+    for extra in removed:
+        for path in EXTRAS[extra]:
+            if "." not in Path(path).name:  # a folder: by its path, with its slash (not the word "benchmarks")
+                words.add(f"{path}/")
+                continue
+            words.add(path)
+            if not path.startswith("configs/presets/"):
+                words.add(Path(path).name)
+        words |= set(EXTRA_WORDS.get(extra, []))
+    return words
+
+
+def mentions_in(project: Path, removed: set[str]) -> dict[str, list[str]]:
+    """{file: the words of removed extras it holds}, over every text file of the project."""
+    words, package = removed_mentions(removed), yaml.safe_load((project / ".copier-answers.yml").read_text())
+    words = {w.replace("lightning_template", package["package_name"]) for w in words}
+    found = {}
+    for path in project_files(project):
+        text = text_of(path)
+        hits = sorted(w for w in words if text and re.search(rf"(?<![\w/.-]){re.escape(w)}(?![\w])", text))
+        if hits:
+            found[path.relative_to(project).as_posix()] = hits
+    return found
+
+
+def check_project(project: Path, answers: dict, package: str, slug: str) -> None:
+    """What a project made with these answers has, and has not."""
+    kept, removed = set(answers["extras"]), EXTRAS.keys() - set(answers["extras"])
+    recorded = yaml.safe_load((project / ".copier-answers.yml").read_text())
+    assert recorded["package_name"] == package and sorted(recorded["extras"]) == sorted(kept)
+    for path in project_files(project):
+        name = path.relative_to(project).as_posix()
+        assert "lightning_template" not in name
+        text = text_of(path)
+        if text is not None:
+            assert not re.search("lightning[_-]template", text), f"{name} names the template's package"
+            assert markers_in(text) <= kept | {"extras"}, f"{name} has markers of removed extras"
+            assert "extra:template" not in text, f"{name} keeps the template's own words"
+            assert not text or (text.endswith("\n") and not text.endswith("\n\n")), f"{name}: not one last newline"
+    assert not mentions_in(project, removed), "files name what the project does not have"
+    for paths, present in [(EXTRAS[e], False) for e in removed] + [(EXTRAS[e], True) for e in kept]:
+        for path in paths:
+            assert (project / path.replace("lightning_template", package)).exists() is present, path
+    for name in [*GENERATE.TEMPLATE_ONLY, "{{ _copier_conf.answers_file }}.jinja", "lightning_template"]:
+        assert not (project / name).exists(), name
+    assert (project / package / "engine" / "cli.py").is_file()
+
+    pyproject = tomllib.loads((project / "pyproject.toml").read_text())
+    assert pyproject["project"]["name"] == slug
+    groups = pyproject["project"]["optional-dependencies"]
+    named = {g for line in groups["test"] if (m := re.fullmatch(r"[\w-]+\[(.*)\]", line)) for g in m[1].split(",")}
+    assert named <= set(groups), f"the test group names a removed group: {named - set(groups)}"
+    assert set(pyproject["tool"][package]["extras"]) == kept
+    assert pyproject["tool"]["importlinter"]["root_package"] == package
+
+    makefile = (project / "Makefile").read_text()
+    assert f"CONFIG ?= {GENERATE.DATA_CONFIGS[answers['data']]}\n" in makefile
+    for target, extra in [("tune", "search"), ("seeds", "search"), ("serve", "serving"), ("bench", "benchmarks")]:
+        assert bool(re.search(rf"^{target}:", makefile, flags=re.M)) is (extra in kept), target
+    assert ("bench-serve:" in makefile) is ({"serving", "benchmarks"} <= kept)
+    assert "\n\n\n" not in makefile
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_copy_writes_the_project_asked_for_and_lists_what_it_wrote(case: str, template: Path, tmp_path: Path) -> None:
+    """`copier copy` as the README runs it: the files it lists are the project's, none written and then removed;
+    nothing else is printed by the generator."""
+    answers, package, slug = CASES[case]
+    data = [f"-d={key}={json.dumps(value) if isinstance(value, list) else value}" for key, value in answers.items()]
+    done = copier_cli("copy", "--trust", "--defaults", *data, str(template), "project", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    project = tmp_path / "project"
+    check_project(project, answers, package, slug)
+    printed = re.sub(r"\x1b\[[0-9;]*m", "", done.stderr).splitlines()
+    listed = {line.split()[-1] for line in printed if line.split()[:1] == ["create"]}
+    files = {p.relative_to(project).as_posix() for p in project_files(project)}
+    assert files <= listed and not {p for p in listed - files if not (project / p).is_dir()}, listed ^ files
+    assert "ruff" not in done.stderr and "generate:" not in done.stderr
+    ruff = [sys.executable, "-m", "ruff"]
+    for command in (["check", "--no-cache", "."], ["format", "--no-cache", "--check", "."]):
+        checked = subprocess.run([*ruff, *command], cwd=project, capture_output=True, text=True, timeout=120)
+        assert checked.returncode == 0, checked.stdout + checked.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kept", [[], *([name] for name in sorted(EXTRAS)), sorted(EXTRAS)], ids=str)
+def test_no_file_of_a_project_names_an_extra_it_does_not_have(kept: list[str], template: Path, tmp_path) -> None:
+    """The core alone, each extra alone, all of them: no word of what the project lacks, in its docs, configs,
+    Makefile, code, comments and docstrings."""
+    project = make_project(template, tmp_path / "project", {"project_name": "Leaf Disease Classifier", "extras": kept})
+    assert mentions_in(project, EXTRAS.keys() - set(kept)) == {}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", [name for name, made in PROJECT_NAMES.items() if made is True], ids=repr)
+def test_every_file_of_a_project_parses_whatever_its_name(name: str, template: Path, tmp_path: Path) -> None:
+    answers = {"project_name": name, "extras": []} | ({} if name.isascii() else {"package_name": "leaf"})
+    project = make_project(template, tmp_path / "project", answers)
+    for path in project_files(project):
+        text = path.read_text()
+        if path.suffix in (".yml", ".yaml"):
+            yaml.safe_load(text)
+        elif path.suffix == ".toml":
+            tomllib.loads(text)
+        elif path.suffix == ".py":
+            ast.parse(text, str(path))
+    assert yaml.safe_load((project / "mkdocs.yml").read_text())["site_name"] == name
+    assert tomllib.loads((project / "pyproject.toml").read_text())["project"]["description"] == name
+    title = (project / "README.md").read_text().splitlines()[0]
+    assert title.startswith("# ") and re.sub(r"\\(.)", r"\1", title[2:]) == name  # Markdown's escapes aside
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("data", "reason"),
+    [(["-d", "project_name=torch"], "distribution 'torch'"), (["-d", "project_name="], "name is empty"),
+     (["-d", "project_name=json"], "distribution 'json'"), (["-d", "package_name=2leaf"], "starting with a letter")],
+)  # fmt: skip
+def test_a_name_given_on_the_command_line_is_refused_in_one_line(data, reason, template: Path, tmp_path) -> None:
+    done = copier_cli("copy", "--trust", "--defaults", *data, str(template), "project", cwd=tmp_path)
+    assert done.returncode != 0 and "Traceback" not in done.stderr, done.stderr[-3000:]
+    (line,) = [line for line in done.stderr.splitlines() if line.startswith("generate: ")]
+    assert reason in line
+    assert not (tmp_path / "project").exists()
+
+
+@pytest.mark.slow
+def test_the_generator_runs_on_python_3_10(template: Path, tmp_path: Path) -> None:
+    """Copier runs its tasks with its own Python, which may be the oldest it supports: the same project as with this
+    one's, from the generator run by Python 3.10 (PyYAML's pure-Python modules on its path, no network)."""
+    python310 = shutil.which("python3.10")
+    if python310 is None:
+        pytest.fail("python3.10 is needed to check the generator on Copier's oldest Python (pyenv install 3.10)")
+    answers = {"project_name": "Leaf", "extras": ["tools"], "data": "text_files"}
+    reference = make_project(template, tmp_path / "reference", answers)
+    untouched = tmp_path / "untouched"
+    run_copy(str(template), untouched, data=answers, defaults=True, skip_tasks=True, vcs_ref="HEAD", quiet=True)
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "yaml").symlink_to(Path(yaml.__file__).parent)
+    command = [python310, str(template / ".copier/generate.py"), "--template", str(template), "--package", "leaf",
+               "--slug", "leaf", "--extras", "tools", "--data", "text_files", "--name", "Leaf"]  # fmt: skip
+    done = subprocess.run(command, cwd=untouched, env={**os.environ, "PYTHONPATH": str(site)}, capture_output=True,
+                          text=True, timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    for path in project_files(reference):
+        relative = path.relative_to(reference)
+        assert (untouched / relative).read_bytes() == path.read_bytes(), relative
+
+
+# -- a generated project on its own -------------------------------------------------------------------------------
+
+
+def project_venv(project: Path) -> Path:
+    """A venv for the project that sees this environment's packages (torch...) but not its .pth files: not the
+    editable install of lightning_template. Returns its python."""
+    venv = project / ".venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=300)
+    python = venv / "bin" / "python"
+    purelib = subprocess.run(
+        [str(python), "-I", "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        capture_output=True, text=True, check=True, timeout=60,
+    ).stdout.strip()  # fmt: skip
+    here = sysconfig.get_paths()["purelib"]
+    # Appended as a path, not a site directory: its .pth files (the editable finder) are not run.
+    Path(purelib, "_template_environment.pth").write_text(f"import sys; sys.path.append({here!r})\n")
+    # The tools the Makefile calls as .venv/bin/NAME: pip finds their packages installed and writes no script.
+    for name in ("ruff", "lint-imports", "mkdocs", "pre-commit"):
+        tool, script = Path(sys.executable).parent / name, venv / "bin" / name
+        if tool.read_bytes()[:2] != b"#!":  # a native binary (ruff)
+            script.symlink_to(tool)
+        else:  # a Python entry point, run by the project's interpreter
+            script.write_text(f'#!/bin/sh\nexec "{python}" "{tool}" "$@"\n')
+            script.chmod(0o755)
+    pip = venv / "bin" / "pip"  # installs the project's groups from what is here, as the Makefile asks
+    pip.write_text(f'#!/bin/sh\nexec "{python}" -m pip "$@" --no-index --no-build-isolation\n')
+    pip.chmod(0o755)
+    return python
+
+
+def run(args: list, cwd: Path, env: dict | None = None) -> subprocess.CompletedProcess:
+    """A command of the project, in a clean environment (no PYTHONPATH to the template, no outer make)."""
+    outer = {"PYTHONPATH", "VIRTUAL_ENV", "MAKEFLAGS", "MAKELEVEL", "MFLAGS"}  # e.g. the suite run by `make test-all`
+    base = {k: v for k, v in os.environ.items() if k not in outer}
+    done = subprocess.run(
+        [str(a) for a in args], cwd=cwd, env={**base, **(env or {})}, capture_output=True, text=True,
+        timeout=SUBPROCESS_TIMEOUT,
+    )  # fmt: skip
+    assert done.returncode == 0, f"{args} exited {done.returncode}\n{done.stdout[-4000:]}\n{done.stderr[-4000:]}"
+    return done
+
+
+@pytest.mark.slow
+# The core project in every run; the one with every extra (its tests are the template's own) in `make matrix`.
+@pytest.mark.parametrize("case", ["core", pytest.param("full", marks=pytest.mark.matrix)])
+def test_a_generated_project_installs_lints_and_passes_its_tests(case: str, template: Path, tmp_path: Path) -> None:
+    """The project's own `make` targets, as its README says to run them: `make test`, `make lint`, `make docs`,
+    `make hooks` and a commit through its hooks without the venv activated, `make train` (short). Its venv sees
+    this environment's packages (torch is not installed again)."""
+    answers, package, slug = CASES[case]
+    project = make_project(template, tmp_path / "project", answers)
+    python = project_venv(project)
+    git("init", "-q", "-b", "main", cwd=project)
+    git("add", "-A", cwd=project)
+    plain_path = os.environ["PATH"]  # not the venv's bin: nothing activated
+    env = {"PRE_COMMIT_HOME": str(tmp_path / "pre-commit"), "PATH": plain_path, **GIT_IDENTITY}
+
+    start = time.monotonic()
+    done = run(["make", "test"], project, env)
+    test_seconds = time.monotonic() - start
+    assert f"Successfully installed {slug}" in done.stdout, done.stdout[-2000:]  # the project, editable
+    summary = [line for line in done.stdout.splitlines() if " passed" in line][-1]
+    assert " failed" not in summary and " error" not in summary, summary
+    print(f"\n{case}: make test took {test_seconds:.0f} s ({summary.strip('= ')})")
+    where = f"import importlib.util as u, {package}; print({package}.__file__, u.find_spec('lightning_template'))"
+    located = run([python, "-I", "-c", where], tmp_path).stdout.split()
+    assert Path(located[0]).is_relative_to(project) and located[1] == "None", located
+    run(["make", "lint"], project, env)  # ruff check, ruff format --check, lint-imports
+    run(["make", "docs"], project, env)
+    run(["make", "hooks"], project, env)
+    (project / "notes.py").write_text("x  =  1\n")  # the hooks reformat it: the first commit stops, the second passes
+    git("add", "notes.py", cwd=project)
+    first = subprocess.run(["git", "commit", "-qm", "notes"], cwd=project, env={**os.environ, **env},
+                           capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert first.returncode != 0 and "ruff format" in first.stdout + first.stderr, first.stdout + first.stderr
+    assert "not found" not in first.stdout + first.stderr and (project / "notes.py").read_text() == "x = 1\n"
+    git("add", "notes.py", cwd=project)
+    run(["git", "commit", "-qm", "notes"], project, env)
+    if case == "core":
+        short = "--trainer.max_epochs=1 --trainer.limit_train_batches=3 --trainer.limit_val_batches=2"
+        run(["make", "train", f"ARGS={short} --test_after_fit=false"], project, env)
+        assert (project / "logs/simple_cnn/version_0/checkpoints/last.ckpt").is_file()
