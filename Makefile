@@ -18,7 +18,13 @@ export MALLOC_TRIM_THRESHOLD_ ?= 1073741824
 .PHONY: serve
 # /extra:serving
 # extra:benchmarks
-.PHONY: bench bench-main bench-quick bench-gpu bench-scale bench-serve
+.PHONY: bench bench-main bench-quick bench-gpu
+# extra:streaming
+.PHONY: bench-scale
+# /extra:streaming
+# extra:serving
+.PHONY: bench-serve
+# /extra:serving
 # /extra:benchmarks
 
 $(BIN)/python:
@@ -42,7 +48,11 @@ data: install
 
 # What `make train` prepares first: the fortunes for the text jobs, nothing for your own image folders
 # (configs/resnet_finetune.yaml reads data/images/), Fashion-MNIST otherwise.
-TRAIN_DATA ?= $(if $(findstring transformer_text,$(CONFIG)),text-data,$(if $(findstring resnet_finetune,$(CONFIG)),install,$(if $(findstring language_model,$(CONFIG)),fortunes,data)))
+JOB_DATA := $(if $(findstring transformer_text,$(CONFIG)),text-data,$(if $(findstring resnet_finetune,$(CONFIG)),install,data))
+# extra:language_model
+JOB_DATA := $(if $(findstring language_model,$(CONFIG)),fortunes,$(JOB_DATA))
+# /extra:language_model
+TRAIN_DATA ?= $(JOB_DATA)
 train: $(TRAIN_DATA)
 	$(BIN)/python train.py fit --config $(CONFIG) $(ARGS)
 
@@ -99,10 +109,12 @@ bench-quick: data
 bench-gpu: data
 	bash benchmarks/gpu.sh $(ARGS)
 
+# extra:streaming
 # How memory and epoch time grow with the data (in memory, files, streaming), the 224 px image
 # pipeline against torchvision's, and DDP on 1 vs 2 processes (about 10 minutes on 2 CPU cores).
 bench-scale: data
 	$(BIN)/python -m benchmarks.scaling
+# /extra:streaming
 
 # extra:serving
 # Requests/s and latency of serve.py (torch and ONNX) at 1, 8, 32 clients, next to train.py predict.

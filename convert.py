@@ -46,6 +46,7 @@ from lightning_template.tasks.classification import (
     TextClassificationDataModule,
 )
 from lightning_template.tasks.classification.data.image_folder import CorruptImageError
+from lightning_template.tasks.classification.input_spec import SPEC_KEY
 
 BLOCK = 512  # samples per LitData work item: one item per sample costs ~1 ms of queueing each
 # fork: the workers inherit the loaded source data instead of importing torch again (seconds each).
@@ -125,7 +126,7 @@ def splits_and_metadata(
     splits = {split: datamodule.splits[split] for split in SPLITS if split in datamodule.splits}
     metadata: dict[str, Any] = {
         "format": FORMAT_VERSION, "source": f"{type(datamodule).__module__}.{type(datamodule).__qualname__}",
-        "class_names": list(datamodule.class_names), "serving": datamodule.serving_spec(),
+        "class_names": list(datamodule.class_names), SPEC_KEY: datamodule.serving_spec(),
     }  # fmt: skip
     encoded = images == "encoded"
     if isinstance(datamodule, InMemoryImageDataModule):

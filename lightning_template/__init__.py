@@ -1,2 +1,3 @@
-"""A PyTorch Lightning project template: the core (CLI, models, datamodules, exact resume, fine-tuning) and its
-extras (search, serving, streaming, tools), each extra a subpackage that the core never imports."""
+"""The project's package: the engine (`engine/`: the CLI, exact resume, checkpoints, the console, for any model and
+data) and the tasks (`tasks/`: models, datamodules, callbacks). Any other subpackage is an optional extra, which
+these two never import."""

@@ -201,7 +201,7 @@ def best_checkpoint(workdir: Path, name: str) -> Path:
 
 @pytest.fixture(scope="session")
 def main_run(tmp_path_factory: pytest.TempPathFactory, fashion_mnist_dir) -> Path:
-    """A short run of the main config with augmentation, logging every step (shared by tools and serving tests)."""
+    """A short run of the main config with augmentation, logging every step (shared by several tests)."""
     workdir = tmp_path_factory.mktemp("main")
     args = ["--config", str(ROOT / "configs/simple_cnn.yaml"), "--data.augment=true", "--trainer.log_every_n_steps=1"]
     run_cli("fit", *args, *ONE_EPOCH, cwd=workdir)

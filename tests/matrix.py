@@ -12,7 +12,6 @@ whose interruption is a SIGKILL: `python -m tests.matrix CELL_JSON DIRECTORY`.
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import itertools
 import json
 import os
@@ -37,8 +36,10 @@ from lightning_template.tasks.classification import (
 from tests.helpers import SignalAtBatch, StopAfterEpoch
 from tests.plain_task import RegressionData, Regressor
 
-STREAMING = importlib.util.find_spec("lightning_template.streaming") is not None  # an extra: its cells if present
-DATA = ("memory-w0", "files-w2", *(["stream-w2"] if STREAMING else []))
+DATA = ("memory-w0", "files-w2")  # in memory without workers; PNG files, 2 workers, random crops in the workers
+# extra:streaming
+DATA += ("stream-w2",)  # LitData chunks of encoded PNGs, 2 workers, random crops on the device
+# /extra:streaming
 PLAIN_TASK = "plain-task-w2"  # a user's own module and DataLoader (tests/plain_task.py): no fine-tuning stages
 ACCUMULATION = (1, 2)
 TRIGGERS = ("epoch-end", "step-checkpoint", "mid-epoch-validation", "sigterm", "sigkill")
@@ -98,38 +99,38 @@ def weights_file(directory: Path, input_shape: tuple[int, int, int]) -> Path:
     return path
 
 
-def streamed(image_root: Path) -> Path:
-    """The image tree as LitData chunks (encoded PNGs, stored at 32 px: training crops 28 px at random)."""
-    output = image_root.parent / f"{image_root.name}-stream"
-    if not (output / "dataset.json").exists():
+def data_of(cell: Cell, image_root: Path) -> Any:
+    """The cell's datamodule (built before the run is seeded: making chunks reseeds)."""
+    if cell.data == PLAIN_TASK:
+        return RegressionData(batch_size=16, num_workers=2, train_size=16 * BATCHES)
+    if cell.data == "memory-w0":
+        return FashionMNISTDataModule(batch_size=16, augment=True, num_workers=0)
+    if cell.data == "files-w2":
+        return ImageFolderDataModule(
+            root=str(image_root), image_size=28, batch_size=16, crop_scale=(0.5, 1.0), num_workers=2
+        )
+    # extra:streaming
+    if cell.data.startswith("stream-w"):  # stream-w2 in the matrix; other worker counts in single tests
+        from lightning_template.streaming import StreamingImageDataModule
+
         from convert import convert
 
-        source = ImageFolderDataModule(root=str(image_root), image_size=28, num_workers=0)
-        convert(source, str(output), images="encoded", size=32, num_workers=1)
-    return output
+        chunks = image_root.parent / f"{image_root.name}-stream"  # encoded PNGs of 32 px: crops of 28 px at random
+        if not (chunks / "dataset.json").exists():
+            source = ImageFolderDataModule(root=str(image_root), image_size=28, num_workers=0)
+            convert(source, str(chunks), images="encoded", size=32, num_workers=1)
+        workers = int(cell.data.removeprefix("stream-w"))
+        return StreamingImageDataModule(input_dir=str(chunks), batch_size=16, augment=True, num_workers=workers)
+    # /extra:streaming
+    raise ValueError(f"no such data in the matrix: {cell.data}")
 
 
 def fit(cell: Cell, directory: Path, image_root: Path, *extra: Callback, ckpt_path: str | None = None) -> Trainer:
     """One run of the cell's setup; `extra` callbacks interrupt it."""
     directory.mkdir(parents=True, exist_ok=True)
-    stream_root = streamed(image_root) if cell.data.startswith("stream") else None  # before seeding: LitData reseeds
+    datamodule = data_of(cell, image_root)
     seed_everything(3)
-    if cell.data == PLAIN_TASK:
-        datamodule: Any = RegressionData(batch_size=16, num_workers=2, train_size=16 * BATCHES)
-        model: Any = Regressor()
-    elif cell.data == "memory-w0":
-        datamodule = FashionMNISTDataModule(batch_size=16, augment=True, num_workers=0)
-    elif cell.data.startswith("stream-w"):  # stream-w2 in the matrix; other worker counts in single tests
-        from lightning_template.streaming import StreamingImageDataModule
-
-        workers = int(cell.data.removeprefix("stream-w"))
-        datamodule = StreamingImageDataModule(
-            input_dir=str(stream_root), batch_size=16, augment=True, num_workers=workers
-        )
-    else:
-        datamodule = ImageFolderDataModule(
-            root=str(image_root), image_size=28, batch_size=16, crop_scale=(0.5, 1.0), num_workers=2
-        )
+    model: Any = Regressor() if cell.data == PLAIN_TASK else None
     if cell.data != PLAIN_TASK:
         weights = None if cell.stage == "plain" else str(weights_file(directory.parent, datamodule.input_shape))
         model = SimpleCNN(

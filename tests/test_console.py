@@ -1,5 +1,5 @@
-"""What train.py prints and reads besides flags: per-epoch lines in logs, errors without tracebacks,
-options from the environment, and the batch-size finder preset."""
+"""What train.py prints and reads besides flags: per-epoch lines in logs, errors without tracebacks, options from
+the environment."""
 
 from __future__ import annotations
 

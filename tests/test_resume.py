@@ -1,10 +1,10 @@
 """Exact resume: an interrupted run, resumed from its checkpoint, ends bit-identical to one never stopped.
 
-The fault-injection matrix (tests/matrix.py) crosses data (in memory without workers, image
-files with 2 workers, LitData chunks with 2 workers), gradient accumulation (1, 2), the interruption (epoch end, step
-checkpoint, mid-epoch validation checkpoint, SIGTERM mid-epoch, SIGKILL) and the model
-(plain, two-stage fine-tuning stopped in stage 1 or in stage 2). `make test` runs 15 cells
-that cover every pair of factor values; `pytest -m matrix` runs all 90 and prints the table.
+The fault-injection matrix (tests/matrix.py) crosses the data (its DATA: in memory without workers, image files with 2
+workers, ...), gradient accumulation (1, 2), the interruption (epoch end, step checkpoint, mid-epoch validation
+checkpoint, SIGTERM mid-epoch, SIGKILL) and the model (plain, two-stage fine-tuning stopped in stage 1 or in stage 2),
+with a user's own plain task beside them. `make test` runs 15 cells that cover every pair of factor values;
+`pytest -m matrix` runs them all and prints the table.
 """
 
 from __future__ import annotations
@@ -27,7 +27,6 @@ from tests import matrix
 from tests.helpers import SignalAtBatch, StopAfterEpoch, same_state
 
 RESULTS: dict[str, str] = {}
-needs_streaming = pytest.mark.skipif(not matrix.STREAMING, reason="the streaming extra is not in this project")
 
 
 def _outcome(trainer: Trainer) -> dict[str, Any]:
@@ -227,8 +226,8 @@ def test_the_pairwise_cells_cover_every_pair_of_factor_values() -> None:
         assert pairs == {(getattr(c, first), getattr(c, second)) for c in every}, (first, second)
 
 
+# extra:streaming
 @pytest.mark.slow
-@needs_streaming
 @pytest.mark.parametrize("trigger", ["epoch-end", "sigterm"])
 def test_streamed_resume_is_exact_without_loader_workers(trigger, tmp_path, image_tree, references) -> None:
     """The streaming loader in the main process: its position is read when the first batch is asked for,
@@ -237,7 +236,6 @@ def test_streamed_resume_is_exact_without_loader_workers(trigger, tmp_path, imag
 
 
 @pytest.mark.slow
-@needs_streaming
 def test_streamed_resume_with_other_loader_workers_is_refused(tmp_path, image_tree) -> None:
     """LitData gives each worker its own share of the chunks: another worker count means other batches."""
     checkpoint = matrix.interrupt(matrix.Cell("stream-w2", 1, "sigterm", "plain"), tmp_path / "run", image_tree)
@@ -245,6 +243,9 @@ def test_streamed_resume_with_other_loader_workers_is_refused(tmp_path, image_tr
         matrix.fit(
             matrix.Cell("stream-w0", 1, "sigterm", "plain"), tmp_path / "run", image_tree, ckpt_path=str(checkpoint)
         )
+
+
+# /extra:streaming
 
 
 @pytest.mark.slow

@@ -1,6 +1,4 @@
-"""The SLURM batch script (configs/slurm/ddp.sbatch): the configuration it gives the job. The multi-node
-launches themselves (torchrun, a requeued SLURM job) are tested by the streaming extra: they shard
-LitData chunks across the nodes."""
+"""The SLURM batch script (configs/slurm/ddp.sbatch): the configuration it gives the job, and a requeue."""
 
 from __future__ import annotations
 

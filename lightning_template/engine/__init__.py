@@ -4,8 +4,8 @@
 `lightning_template.engine.<Name>`. A project does not need to edit anything in this package:
 its own code is its tasks (`lightning_template/tasks/`), and `copier update` keeps this package current.
 
-The names are imported when first asked for (PEP 562's module `__getattr__`): `engine.errors`, which the serving
-extra's torch-free request path raises, is imported without torch and Lightning.
+The names are imported when first asked for (PEP 562's module `__getattr__`): `engine.errors`, which code without
+torch may raise (a server of exported files), is imported without torch and Lightning.
 """
 
 import importlib

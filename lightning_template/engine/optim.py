@@ -101,7 +101,7 @@ class WarmupSchedule(LRScheduler):
         self.apply()
 
     def scale_peak_lr(self, factor: float) -> None:
-        """Multiply every group's peak learning rate (e.g. by an LR finder's suggestion over the configured lr)."""
+        """Multiply every group's peak learning rate (e.g. by a learning-rate sweep's factor over the configured lr)."""
         for group in self.optimizer.param_groups:
             group["initial_lr"] *= factor
         self.base_lrs = [group["initial_lr"] for group in self.optimizer.param_groups]

@@ -71,9 +71,9 @@ class ResumesFromLoop:
     Trainer's fit-loop position (`fit_position(self.trainer)`), so a run resumed in the middle of an epoch skips
     exactly the batches it already trained. `ExactResume` refuses a mid-epoch resume through anything else.
 
-    Implemented by `EpochSampler` (every map-style datamodule, through `make_loader`) and by the streaming
-    extra's loader. Subclasses set `trainer` and, if their batches depend on the loader's worker count, say
-    so with `worker_dependent = True` (a resume with another count is then refused)."""
+    Implemented by `EpochSampler` (every map-style datamodule, through `make_loader`), and by any loader that
+    reads a stream of chunks by its position. Subclasses set `trainer` and, if their batches depend on the
+    loader's worker count, say so with `worker_dependent = True` (a resume with another count is then refused)."""
 
     trainer: Trainer | None
     worker_dependent: bool = False

@@ -29,8 +29,8 @@ class Backend(Protocol):
 
 
 class TorchBackend:
-    """A checkpoint of this template: the LightningModule class named in it, its weights (averaged ones when
-    weight averaging was on: they are what a checkpoint's `state_dict` holds), in eval mode."""
+    """A checkpoint of this project: the LightningModule class named in it, its weights (the checkpoint's
+    `state_dict`: an average's, where the run averaged its weights), in eval mode."""
 
     def __init__(self, ckpt_path: str | Path, device: str = "cpu") -> None:
         import torch

@@ -36,7 +36,7 @@ from lightning_template.engine.errors import DataError, MissingPackageError
 from lightning_template.engine.sampling import SplitLoaders, derive_seed, global_seed, make_loader, world
 from lightning_template.tasks.classification.data.in_memory import DeviceImageTransforms
 from lightning_template.tasks.classification.data.text import PadCollate
-from lightning_template.tasks.classification.input_spec import center_crop, resized_size
+from lightning_template.tasks.classification.input_spec import SPEC_KEY, center_crop, resized_size
 
 # LitData shards its IterableDataset across workers and ranks itself, so its length is right.
 warnings.filterwarnings("ignore", message="Your `IterableDataset` has `__len__` defined", category=UserWarning)
@@ -266,7 +266,7 @@ class StreamingDataModule(SplitLoaders, LightningDataModule):
 
     def serving_spec(self) -> dict[str, Any]:
         """The source datamodule's, recorded by convert.py."""
-        return self.metadata["serving"]
+        return self.metadata[SPEC_KEY]
 
 
 class StreamingImageDataModule(DeviceImageTransforms, StreamingDataModule):

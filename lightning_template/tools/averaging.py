@@ -3,7 +3,7 @@
 `WeightAveraging` validates with the average and writes it as each checkpoint's `state_dict`;
 the live weights and the average's state go beside it, so a resumed run continues both.
 Lightning's older `StochasticWeightAveraging` instead keeps the average outside the checkpoints
-until training ends: the best checkpoint, `test_after_fit`, export and serving would all get
+until training ends: the best checkpoint, `test_after_fit` and any reader of a checkpoint would get
 the live weights. Two things are changed here, for EMA and SWA alike (`AverageOnlyInFit`):
 
 - Loading a checkpoint outside fit keeps its `state_dict`, the average. Lightning's callback

@@ -341,11 +341,14 @@ def test_a_run_config_is_parsed_once_and_each_run_is_a_checked_copy_with_its_val
         job.with_values({"model.no_such_option": 1})
 
 
+# extra:trackers
 @pytest.mark.slow
 def test_a_run_with_mlflow_has_the_same_settings_at_each_parse():
-    pytest.importorskip("mlflow")
     flags = [f"--config={JOB}", f"--config={ROOT / 'configs' / 'presets' / 'mlflow.yaml'}"]
     assert runs.RunConfig.parse(flags).settings() == runs.RunConfig.parse(flags).settings()  # a rerun is not refused
+
+
+# /extra:trackers
 
 
 @pytest.fixture

@@ -2,7 +2,7 @@
 and callbacks. Configs name them as `lightning_template.tasks.classification.<Name>`.
 
 The names are imported when first asked for (PEP 562's module `__getattr__`), not with the package: a module of
-it that needs no torch (`input_spec.py`, which the serving extra reads to serve ONNX files) stays torch-free.
+it that needs no torch (`input_spec.py`, which a server of the model's exported files can read) stays torch-free.
 """
 
 import importlib

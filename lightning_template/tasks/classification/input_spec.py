@@ -1,7 +1,7 @@
-"""How a raw input becomes a model input: the rules that training and serving share, written once.
+"""How a raw input becomes a model input: the rules that training and a deployed model share, written once.
 
 Torch-free (numpy and PIL), so a server can apply them without importing torch. A datamodule states
-its rules as a JSON-able spec (`serving_spec()`), which every checkpoint stores under `SPEC_KEY`.
+its rules as a JSON-able spec (its `serving_spec()`), which every checkpoint stores under `SPEC_KEY`.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from collections.abc import Sequence
 import numpy as np
 from PIL import Image
 
-SPEC_KEY = "serving"  # where callbacks.CheckpointFacts stores a datamodule's spec in a checkpoint
+SPEC_KEY = "input_spec"  # where callbacks.CheckpointFacts stores a datamodule's spec in a checkpoint
 TOKEN_PATTERN = re.compile(r"\w+|[^\w\s]")  # words and single punctuation marks
 
 
@@ -51,7 +51,7 @@ SIXTEEN_BIT_MODES = ("I;16", "I;16B", "I;16L", "I;16N")
 
 
 def eight_bit(image: Image.Image) -> Image.Image:
-    """`image` with 8-bit pixels, as training and serving read every file: 16-bit grayscale scaled (0..65535 ->
+    """`image` with 8-bit pixels, as training and a deployed model read every file: 16-bit grayscale scaled (0..65535 ->
     0..255; Pillow's own conversion would clip it at 255, an almost white image); ValueError for 32-bit or float
     pixels, whose range is unknown."""
     if image.mode in SIXTEEN_BIT_MODES or image.mode == "I":

@@ -1,8 +1,8 @@
 """k-fold cross-validation splits: stratified, seeded, and the same on every machine.
 
 With `--data.num_folds K --data.fold i` a datamodule validates on fold i of its training data
-and trains on the other K-1 folds; the test split is never touched (the search extra runs all K folds and
-reports mean ± std).
+and trains on the other K-1 folds; the test split is never touched. Run all K folds, one run each, and report
+their mean ± std.
 """
 
 from __future__ import annotations

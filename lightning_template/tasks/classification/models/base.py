@@ -187,7 +187,7 @@ class ClassificationModule(LightningModule):
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         # How raw inputs become this model's inputs (image size and normalization, or the tokenizer), so that
-        # serving and export read them as evaluation did, without the training data.
+        # a deployed model reads them as evaluation did, without the training data.
         if isinstance(self.trainer.datamodule, ServableData):
             checkpoint[SPEC_KEY] = self.trainer.datamodule.serving_spec()
 

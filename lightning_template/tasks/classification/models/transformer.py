@@ -22,7 +22,7 @@ from lightning_template.tasks.classification.models.seam import ClassifierNet
 
 class MultiHeadSelfAttention(nn.Module):
     """Self-attention with a key padding mask, or causal (each token attends to itself and the tokens before it,
-    for a language model). Same parameters and math as `nn.MultiheadAttention`."""
+    for a decoder). Same parameters and math as `nn.MultiheadAttention`."""
 
     def __init__(
         self, dim: int, num_heads: int, dropout: float = 0.0, use_sdpa: bool = True, causal: bool = False
