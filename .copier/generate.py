@@ -264,15 +264,15 @@ def committed(root: Path, path: str) -> str | None:
     return shown.stdout if shown.returncode == 0 else None
 
 
-def owners_files_of(root: Path, template: Path, project: Project) -> list[str]:
-    """The files the owner made theirs among those of the extras this update removes: edited (neither the old
-    template's text nor the new one's, as this project would have them) or added. Empty outside an update."""
+def owners_files_of(root: Path, template: Path, project: Project) -> tuple[list[str], list[str]]:
+    """The extras this update removes, and the files the owner made theirs among theirs: edited (neither the old
+    template's text nor the new one's, as this project would have them) or added."""
     answers = yaml.safe_load(committed(root, ANSWERS) or "") or {}
-    gone = set(answers.get("extras") or []) - project.extras
+    gone = sorted(set(answers.get("extras") or []) - project.extras)
     if not gone:
-        return []
+        return [], []
     earlier = Project(**{**project.__dict__, "extras": frozenset(answers.get("extras") or [])})
-    paths = [project.path(path) for name in sorted(gone) for path in project.manifest.get(name, [])]
+    paths = [project.path(path) for name in gone for path in project.manifest.get(name, [])]
     listed = git(root, "ls-tree", "-r", "-z", "--name-only", "HEAD", "--", *paths).stdout.split("\0")
     old_commit = str(answers.get("_commit", "")).rsplit("-g", 1)[-1]
     theirs = []
@@ -286,17 +286,17 @@ def owners_files_of(root: Path, template: Path, project: Project) -> list[str]:
         pristine = {project_text(source, text, earlier) for text in versions}
         if mine not in pristine:
             theirs.append(path)
-    return theirs
+    return gone, theirs
 
 
-def refuse_to_remove_the_owners_files(root: Path, theirs: list[str], project: Project) -> None:
+def refuse_to_remove_the_owners_files(root: Path, gone: list[str], theirs: list[str]) -> None:
     """Put the project back as it was before the update (its last commit, which Copier required clean) and
     refuse, naming the files and the ways to go on."""
     git(root, "checkout", "-q", "HEAD", "--", ".")
     git(root, "clean", "-q", "-fd", "--", ".")  # what the render added; ignored files (.venv, data, logs) stay
     shown = "\n".join(f"  {path}" for path in theirs)
     raise SystemExit(
-        f"copier update: the extras you remove ({', '.join(sorted(project.removed))}) hold files you edited or"
+        f"copier update: the extras you remove ({', '.join(gone)}) hold files you edited or"
         f" added:\n{shown}\nNothing was changed. To go on, keep what you need outside those extras' folders, or"
         " delete the files (git rm), commit, and run the update again; or keep the extras."
     )
@@ -349,9 +349,10 @@ def main(argv: list[str] | None = None) -> None:
     if unknown := extras - manifest.keys():
         raise Refused(f"no such extra: {sorted(unknown)} (extras: {sorted(manifest)})")
     project = Project(args.package, args.slug, args.name, extras, args.data, manifest)
-    in_the_project = args.operation == "update" and is_the_owners_repository(root)  # not Copier's renders
-    if in_the_project and (theirs := owners_files_of(root, args.template, project)):
-        refuse_to_remove_the_owners_files(root, theirs, project)
+    if args.operation == "update" and is_the_owners_repository(root):  # not Copier's renders of old and new
+        gone, theirs = owners_files_of(root, args.template, project)
+        if theirs:
+            refuse_to_remove_the_owners_files(root, gone, theirs)
     write_project_text(root, args.template, project)
 
 
