@@ -271,7 +271,7 @@ def test_copy_writes_the_project_asked_for_and_lists_what_it_wrote(case: str, te
     """`copier copy` as the README runs it: the files it lists are the project's, none written and then removed;
     nothing else is printed by the generator."""
     answers, package, slug = CASES[case]
-    data = [f"-d={key}={json.dumps(value) if isinstance(value, list) else value}" for key, value in answers.items()]
+    data = [f"--data={key}={json.dumps(value) if isinstance(value, list) else value}" for key, value in answers.items()]
     done = copier_cli("copy", "--trust", "--defaults", *data, str(template), "project", cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     project = tmp_path / "project"
@@ -329,13 +329,20 @@ def test_a_name_given_on_the_command_line_is_refused_in_one_line(data, reason, t
     assert not (tmp_path / "project").exists()
 
 
+def python_3_10() -> str:
+    """A Python 3.10 interpreter: on PATH, or one of pyenv's."""
+    candidates = [shutil.which("python3.10"), *map(str, Path.home().glob(".pyenv/versions/3.10*/bin/python3.10"))]
+    for candidate in filter(None, candidates):
+        if subprocess.run([candidate, "-c", "pass"], capture_output=True, timeout=60).returncode == 0:
+            return candidate
+    pytest.fail("python3.10 is needed to check the generator on Copier's oldest Python (pyenv install 3.10)")
+
+
 @pytest.mark.slow
 def test_the_generator_runs_on_python_3_10(template: Path, tmp_path: Path) -> None:
     """Copier runs its tasks with its own Python, which may be the oldest it supports: the same project as with this
     one's, from the generator run by Python 3.10 (PyYAML's pure-Python modules on its path, no network)."""
-    python310 = shutil.which("python3.10")
-    if python310 is None:
-        pytest.fail("python3.10 is needed to check the generator on Copier's oldest Python (pyenv install 3.10)")
+    python310 = python_3_10()
     answers = {"project_name": "Leaf", "extras": ["tools"], "data": "text_files"}
     reference = make_project(template, tmp_path / "reference", answers)
     untouched = tmp_path / "untouched"
