@@ -129,10 +129,11 @@ def files_under(root: Path) -> list[str]:
     return sorted(found)
 
 
-def template_files(template: Path, project: Project) -> list[str]:
-    """The template's files that Copier writes into this project, by their template paths."""
+def template_files(template: Path, project: Project, files: Iterable[str] | None = None) -> list[str]:
+    """The template's files (`files`, default: all of them) that Copier writes into this project, by their
+    template paths."""
     gone = [*TEMPLATE_ONLY, *(path for name in project.removed for path in project.manifest[name])]
-    files = files_under(template)
+    files = files_under(template) if files is None else files
     return [name for name in files if not under(name, gone) and "{{" not in name and (template / name).is_file()]
 
 

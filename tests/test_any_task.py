@@ -6,6 +6,7 @@ only `train_loss` and `val_loss` logged): nothing of the template is imported or
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import os
 import signal
@@ -13,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from lightning_template.engine.cli import TemplateCLI
 
@@ -42,6 +44,21 @@ def stopped_and_resumed_equals_uninterrupted(
     return stopped.stdout + stopped.stderr + resumed.stdout + resumed.stderr
 
 
+def test_a_plain_task_stopped_by_sigterm_resumes_exactly(tmp_path: Path, monkeypatch) -> None:
+    """At a glance, in this process: fit never stopped; fit stopped by a real SIGTERM in the middle of its second
+    epoch; the same command with --ckpt_path last. The processes of train.py: the test below."""
+    args = ["fit", *PLAIN, *SHORT, "--data.train_size=160", "--trainer.enable_progress_bar=false"]
+    for folder, extra in (("full", []), ("cut", sigterm_at(epoch=1, batch=2)), ("cut", ["--ckpt_path=last"])):
+        (tmp_path / folder).mkdir(exist_ok=True)
+        monkeypatch.chdir(tmp_path / folder)
+        with contextlib.suppress(SIGTERMException):  # stopped at a step boundary: train.py exits 143 here
+            TemplateCLI(args=[*args, *extra])
+    full, cut = last_checkpoint(tmp_path / "full"), last_checkpoint(tmp_path / "cut")
+    assert cut["global_step"] == full["global_step"] == 10
+    assert same_state(full["state_dict"], cut["state_dict"]), "weights differ after the resume"
+
+
+@pytest.mark.slow
 def test_a_plain_task_stopped_mid_epoch_resumes_exactly_with_its_own_metrics(tmp_path: Path, monkeypatch, capsys):
     """The uninterrupted run and the resume in this process, the stop by a real SIGTERM in a process of its own."""
     args = ["fit", *PLAIN, *SHORT, "--data.train_size=400"]
@@ -123,6 +140,7 @@ def test_predictions_of_a_plain_task_are_written_one_row_per_sample(tmp_path: Pa
     assert [int(r["index"]) for r in rows] == list(range(256))
 
 
+@pytest.mark.slow
 def test_early_stopping_says_why_and_where_the_run_stopped(tmp_path: Path, monkeypatch, capsys) -> None:
     """A learning rate of 0 never improves val_loss: with a patience of 1 the run stops after its second epoch."""
     monkeypatch.chdir(tmp_path)
@@ -132,6 +150,7 @@ def test_early_stopping_says_why_and_where_the_run_stopped(tmp_path: Path, monke
     assert "early stopping: val_loss did not improve for 1 validations; stopped after epoch 2 of 5" in printed
 
 
+@pytest.mark.slow
 def test_resuming_from_the_path_of_a_runs_checkpoint_continues_that_run_as_last_does(tmp_path: Path, monkeypatch):
     """The path the console printed (`last checkpoint: logs/...`) and `--ckpt_path last` continue the same run folder;
     a checkpoint of another experiment starts a run of this one."""

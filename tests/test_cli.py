@@ -149,6 +149,7 @@ def test_a_config_of_model_and_data_alone_resumes_exactly(tmp_path: Path, monkey
     assert max(steps) == 19 and len(steps) == len(set(steps))  # logged once per step across the two runs
 
 
+@pytest.mark.slow
 def test_any_torch_optimizer_from_the_command_line_or_a_yaml(tmp_path: Path, monkeypatch, fashion_mnist_dir) -> None:
     monkeypatch.chdir(tmp_path)
     weights = save_random_weights(SimpleCNN, tmp_path / "cnn.pt", pool="each", batch_norm=True)  # the main job's net
@@ -173,6 +174,7 @@ def test_any_torch_optimizer_from_the_command_line_or_a_yaml(tmp_path: Path, mon
         assert optimizer.param_groups[0]["initial_lr"] == 0.05
 
 
+@pytest.mark.slow
 def test_runs_without_a_logger(tmp_path: Path, monkeypatch, fashion_mnist_dir) -> None:
     monkeypatch.chdir(tmp_path)
     flags = ["--trainer.max_epochs=1", "--trainer.limit_train_batches=2", "--trainer.limit_val_batches=1"]
@@ -192,6 +194,7 @@ def test_bad_options_fail_before_any_data_loads(capsys) -> None:
         TemplateCLI(args=[*config, "--trainer.max_epochs=-1"], run=False)
 
 
+@pytest.mark.slow
 def test_a_checkpoint_of_other_data_is_refused_in_one_line_before_anything_runs(
     tmp_path: Path, monkeypatch, image_tree: Path
 ) -> None:
@@ -210,6 +213,7 @@ def test_a_checkpoint_of_other_data_is_refused_in_one_line_before_anything_runs(
     assert not (tmp_path / "logs/simple_cnn").exists()  # refused before the run began
 
 
+@pytest.mark.slow
 def test_a_run_refused_before_its_first_step_removes_the_folder_it_made(tmp_path: Path, monkeypatch, caplog) -> None:
     """The two-stage check refuses at fit start, after Lightning has made the run's folder (and its event file):
     the folder goes, said in one line; a run folder that was there before is left alone."""
@@ -270,6 +274,7 @@ def _usage_error(args: list[str], capsys) -> list[str]:
     return capsys.readouterr().err.splitlines()
 
 
+@pytest.mark.slow
 def test_a_misspelled_option_or_file_is_named_first_with_the_nearest_one(capsys) -> None:
     config = ["fit", "--config", str(ROOT / "configs/simple_cnn.yaml")]
     lines = _usage_error([*config, "--trainer.max_epohcs=3"], capsys)

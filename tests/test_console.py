@@ -49,6 +49,7 @@ def _main(args: list[str], monkeypatch, capsys) -> str:
     return capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_errors_print_the_message_without_traceback_and_debug_shows_it(tmp_path: Path, monkeypatch, capsys) -> None:
     monkeypatch.chdir(tmp_path)
     (tmp_path / "bad.pth").write_text("not a tensor file")
@@ -147,6 +148,7 @@ def test_epoch_lines_show_this_epochs_train_acc_and_time_after_a_mid_epoch_resum
     assert resumed[0].startswith("epoch 2/2") and float(resumed[0].rpartition("(")[2].split()[0]) <= elapsed
 
 
+@pytest.mark.slow
 def test_the_epoch_line_shows_the_true_mean_loss_whatever_the_accumulation(tmp_path: Path, monkeypatch, capsys):
     """Lightning hands callbacks the loss divided by the accumulation count; the epoch line shows the loss itself.
     With a learning rate of 0 the model never moves: the same batches give the same mean loss for K = 1 and 4."""

@@ -48,6 +48,7 @@ def test_splits_shapes_and_dtypes(datamodule: FashionMNISTDataModule) -> None:
     assert images.shape == (64, 1, 28, 28) and images.dtype == torch.uint8 and labels.shape == (64,)
 
 
+@pytest.mark.slow
 def test_validation_is_a_fixed_holdout_disjoint_from_train(datamodule: FashionMNISTDataModule) -> None:
     def fingerprints(split) -> set[int]:
         return set(hash(row.numpy().tobytes()) for row in split.images.flatten(1))
@@ -143,6 +144,7 @@ def test_digits_are_not_mirrored_but_clothes_may_be() -> None:
     assert FashionMNISTDataModule(augment=True).horizontal_flip
 
 
+@pytest.mark.slow
 def test_a_finished_run_releases_its_datamodule(quick_trainer, fashion_mnist_dir) -> None:
     """Several fits in one process (a sweep) must not keep every run's dataset alive."""
 

@@ -105,12 +105,14 @@ def broken_links(readme: Path) -> list[str]:
     return broken
 
 
+@pytest.mark.slow
 def test_the_site_builds_with_strict_checks_of_links_and_anchors(tmp_path: Path) -> None:
     done = build_site(ROOT, tmp_path / "site")
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert (tmp_path / "site" / "index.html").is_file()
 
 
+@pytest.mark.slow
 def test_the_site_of_a_project_without_any_extra_builds(tmp_path: Path) -> None:
     removed = marked_extras(ROOT) | set(extras_manifest(ROOT))
     copy = docs_copy(tmp_path, removed)

@@ -47,6 +47,7 @@ def _fit_until_fault(tmp_path: Path, quick_trainer, fault: Fault | None, ckpt_pa
     return trainer
 
 
+@pytest.mark.slow
 def test_nan_loss_stops_before_the_step_and_keeps_the_last_good_checkpoint(
     tmp_path: Path, quick_trainer, fashion_mnist_dir
 ) -> None:
@@ -62,6 +63,7 @@ def test_nan_loss_stops_before_the_step_and_keeps_the_last_good_checkpoint(
     assert resumed.global_step == 10
 
 
+@pytest.mark.slow
 def test_abort_in_the_middle_of_a_step_writes_no_half_checkpoint(
     tmp_path: Path, quick_trainer, fashion_mnist_dir
 ) -> None:
@@ -106,6 +108,7 @@ def simple_cnn_checkpoint(tmp_path_factory, fashion_mnist_dir) -> Path:
     return next(directory.glob("*.ckpt"))
 
 
+@pytest.mark.slow
 def test_checkpoint_of_another_model_lists_the_mismatched_keys(simple_cnn_checkpoint: Path, quick_trainer) -> None:
     model = ResNetClassifier(num_classes=10, input_shape=(1, 28, 28))
     with pytest.raises(RuntimeError, match=r"Missing key\(s\) in state_dict: \"net\.conv1\.weight\""):
@@ -119,6 +122,7 @@ def test_checkpoint_with_other_class_count_names_the_layer(simple_cnn_checkpoint
         quick_trainer().validate(model, datamodule=datamodule, ckpt_path=simple_cnn_checkpoint)
 
 
+@pytest.mark.slow
 def test_corrupt_checkpoint_is_refused_before_anything_runs(simple_cnn_checkpoint: Path, tmp_path: Path) -> None:
     truncated = tmp_path / "cut.ckpt"
     truncated.write_bytes(simple_cnn_checkpoint.read_bytes()[:5000])
@@ -152,6 +156,7 @@ def test_interrupted_checkpoint_write_leaves_the_previous_file_intact(
     assert (tmp_path / "last.ckpt").read_bytes() == before  # written to a temporary file, renamed only when complete
 
 
+@pytest.mark.slow
 def test_a_model_breaking_the_step_output_contract_is_told_what_is_missing(quick_trainer, fashion_mnist_dir) -> None:
     from lightning_template.tasks.classification import ConfusionMatrixImage
 
@@ -174,6 +179,7 @@ class PoisonBatch(Callback):
             batch[0].fill_(float("nan"))
 
 
+@pytest.mark.slow
 def test_a_nan_inside_an_accumulated_step_names_its_own_micro_batch(quick_trainer, fashion_mnist_dir) -> None:
     """Accumulating 4 micro-batches, the NaN of batch 2 is found at the step (after batch 3): named as batch 2."""
     trainer = quick_trainer(accumulate_grad_batches=4, callbacks=[FiniteLossGuard(), PoisonBatch(2)])

@@ -49,6 +49,7 @@ def _frozen_part(model: LightningModule) -> dict[str, torch.Tensor]:
     return {k: v.clone() for k, v in model.net.state_dict().items() if not k.startswith(f"{classifier}.")}
 
 
+@pytest.mark.slow
 def test_stage_one_leaves_backbone_and_batchnorm_bitwise_unchanged(quick_trainer, resnet_weights) -> None:
     before = _frozen_part(ResNetClassifier(input_shape=(1, 28, 28), weights=resnet_weights))
     _, model = _resnet_fit(quick_trainer, resnet_weights, TwoStageFinetuning(unfreeze_at_epoch=5), 2)
@@ -57,6 +58,7 @@ def test_stage_one_leaves_backbone_and_batchnorm_bitwise_unchanged(quick_trainer
     assert same_state(before, after)
 
 
+@pytest.mark.slow
 def test_train_bn_lets_batchnorm_statistics_move(quick_trainer, resnet_weights) -> None:
     before = _frozen_part(ResNetClassifier(input_shape=(1, 28, 28), weights=resnet_weights))
     _, model = _resnet_fit(quick_trainer, resnet_weights, TwoStageFinetuning(unfreeze_at_epoch=5, train_bn=True), 1)
@@ -116,6 +118,7 @@ def test_resnet_resumed_in_stage_one_matches_an_uninterrupted_run(
     assert [(g["name"], g["lr"]) for g in full_groups] == [(g["name"], g["lr"]) for g in resumed_groups]
 
 
+@pytest.mark.slow
 def test_vit_from_a_checkpoint_trains_its_head_then_everything(
     tmp_path: Path, quick_trainer, fashion_mnist_dir
 ) -> None:
@@ -134,6 +137,7 @@ def test_vit_from_a_checkpoint_trains_its_head_then_everything(
     assert names["backbone_no_decay"] == 0.0  # pos_embed, cls_token, norms, biases
 
 
+@pytest.mark.slow
 def test_a_resumed_run_needs_no_weights_its_checkpoint_has_them(tmp_path: Path, quick_trainer, fashion_mnist_dir):
     """`--ckpt_path` builds the model without --model.weights (the checkpoint replaces them): the random-weights
     refusal is for new runs only, in stage 1 and in stage 2."""
@@ -151,6 +155,7 @@ def test_a_resumed_run_needs_no_weights_its_checkpoint_has_them(tmp_path: Path, 
         assert resumed.global_step == 12, stage
 
 
+@pytest.mark.slow
 def test_refuses_random_weights_and_models_without_the_seam(quick_trainer, fashion_mnist_dir) -> None:
     with pytest.raises(ValueError, match=r"random weights \(--model.weights is null\)"):
         quick_trainer(callbacks=[TwoStageFinetuning()]).fit(SimpleCNN(), datamodule=FashionMNISTDataModule())

@@ -101,6 +101,7 @@ def test_foreign_code_resumes_exactly_or_says_at_its_start_why_not(cell: str, tm
         assert uninterrupted["global_step"] == 4
 
 
+@pytest.mark.slow
 def test_a_model_that_logs_nothing_is_told_how_to_train_without_a_metric(tmp_path: Path, monkeypatch) -> None:
     """Lightning's BoringModel logs nothing: the default monitor is refused with the way to go on, which trains."""
     monkeypatch.chdir(tmp_path)

@@ -84,6 +84,7 @@ def test_eval_transform_is_deterministic_and_train_is_random(image_root: Path) -
     assert any(not torch.equal(samples[0], s) for s in samples[1:])
 
 
+@pytest.mark.slow
 def test_augmentation_of_image_folders_is_set_by_flags(image_root: Path, monkeypatch, capsys) -> None:
     base = {"root": str(image_root), "image_size": 28, "num_workers": 0}
     off = ImageFolderDataModule(**base, augment=False)

@@ -93,6 +93,7 @@ def test_weights_file_loads_everything_but_the_classifier(case: str, tmp_path: P
     assert model.net.get_classifier().out_features == 3
 
 
+@pytest.mark.slow
 def test_weights_from_a_checkpoint_hold_no_code(tmp_path: Path, quick_trainer, fashion_mnist_dir) -> None:
     from lightning.pytorch.callbacks import ModelCheckpoint
 
@@ -136,6 +137,7 @@ def test_gray_checkpoint_trains_on_rgb_files_and_rgb_weights_on_gray_data(
     assert math.isfinite(trainer.callback_metrics["val_loss"].item())
 
 
+@pytest.mark.slow
 def test_weights_errors_name_the_file_and_the_keys(tmp_path: Path) -> None:
     with pytest.raises(WeightsError, match=r"nowhere\.pth: file not found"):
         ResNetClassifier(input_shape=(1, 28, 28), weights=str(tmp_path / "nowhere.pth"))

@@ -117,6 +117,7 @@ def test_a_stop_request_ends_with_the_run_that_received_it(tmp_path: Path, fashi
     assert resumed.global_step == 8
 
 
+@pytest.mark.slow
 def test_sigterm_inside_an_accumulation_window_stops_at_its_end(tmp_path: Path, fashion_mnist_dir) -> None:
     with pytest.raises(SystemExit):
         _fit(tmp_path, SignalAtBatch(epoch=0, batch=2, signum=signal.SIGTERM), accumulate_grad_batches=2)
@@ -125,6 +126,7 @@ def test_sigterm_inside_an_accumulation_window_stops_at_its_end(tmp_path: Path, 
     assert checkpoint["callbacks"]["ExactResume"]["batches_done"] == 4
 
 
+@pytest.mark.slow
 def test_step_checkpoint_resumes_at_the_next_batch(tmp_path: Path, fashion_mnist_dir) -> None:
     """A checkpoint written in on_train_batch_end (every_n_train_steps) resumes after that batch, not one earlier."""
     full = _fit(tmp_path / "full")
@@ -145,6 +147,7 @@ def test_mid_epoch_validation_checkpoint_resumes_in_its_own_epoch(tmp_path: Path
     assert full.callback_metrics["val_loss"].item() == resumed.callback_metrics["val_loss"].item()
 
 
+@pytest.mark.slow
 def test_other_batch_size_mid_epoch_is_refused_with_the_fix(tmp_path: Path, fashion_mnist_dir) -> None:
     with pytest.raises(SystemExit):
         _fit(tmp_path, SignalAtBatch(epoch=0, batch=3, signum=signal.SIGTERM))
@@ -154,6 +157,7 @@ def test_other_batch_size_mid_epoch_is_refused_with_the_fix(tmp_path: Path, fash
     assert _fit(tmp_path, ckpt_path=str(tmp_path / "last.ckpt")).global_step == 24
 
 
+@pytest.mark.slow
 def test_last_checkpoint_is_never_written_inside_an_accumulation_window(tmp_path: Path, fashion_mnist_dir) -> None:
     """A validation after batch 3 with accumulation 2 falls inside a step: last.ckpt waits for the next one."""
 
@@ -193,6 +197,7 @@ class LearningRates(Callback):
         self.lrs[trainer.global_step] = trainer.optimizers[0].param_groups[0]["lr"]
 
 
+@pytest.mark.slow
 def test_checkpoints_hold_no_device_random_state(tmp_path: Path, fashion_mnist_dir) -> None:
     """Every batch's random stream comes from (seed, epoch, batch, rank): nothing tied to a device or a
     rank is saved, so resuming on fewer GPUs or under DDP restores every rank's own stream."""

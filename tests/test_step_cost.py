@@ -27,6 +27,7 @@ def test_seeding_per_batch_sets_torch_manual_seed_states_in_microseconds() -> No
     assert statistics.median(timings) < 100e-6  # about 10 µs; torch.manual_seed: 550 µs here, 2 ms in a fit
 
 
+@pytest.mark.slow
 def test_train_loss_is_logged_when_written_and_train_acc_is_the_epoch_accuracy(
     quick_trainer, fashion_mnist_dir, monkeypatch: pytest.MonkeyPatch
 ) -> None:

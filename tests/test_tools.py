@@ -18,14 +18,13 @@ from tests.test_layers import EXTRAS
 # transfer.yaml needs weights (tests/test_finetuning.py); an extra's presets are its own tests'.
 OWN_TESTS = {"configs/presets/transfer.yaml", "configs/presets/csv_logger.yaml"}
 EXTRAS_FILES = {path for paths in EXTRAS.values() for path in paths}
-# The suite's fast part runs the debug preset; every preset runs in `make test-all`.
 PRESETS = [
-    pytest.param(p, marks=[] if p.name == "debug.yaml" else [pytest.mark.slow])
-    for p in sorted((ROOT / "configs" / "presets").glob("*.yaml"))
+    p for p in sorted((ROOT / "configs" / "presets").glob("*.yaml"))
     if p.relative_to(ROOT).as_posix() not in OWN_TESTS | EXTRAS_FILES
-]
+]  # fmt: skip
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("preset", PRESETS, ids=lambda p: p.name)
 def test_every_preset_runs_a_few_steps(preset: Path, tmp_path: Path, monkeypatch, fashion_mnist_dir) -> None:
     monkeypatch.chdir(tmp_path)

@@ -79,6 +79,7 @@ def test_gpu_script_runs_every_part_on_a_cpu(tmp_path: Path) -> None:
     assert "| SimpleCNN 28 px, fp32 |" in (tmp_path / "gpu.md").read_text()
 
 
+@pytest.mark.slow
 def test_profiling_a_step_prints_nothing_of_the_profiler_itself() -> None:
     """The CPU profiler (the table's share of time in convolutions and matmuls) runs without its library's
     `USDT:` start and stop lines or its failed look for a GPU on stderr, in a fresh process as `make bench` runs."""

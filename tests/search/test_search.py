@@ -184,6 +184,7 @@ def test_search_refuses_unknown_key_or_bad_storage_before_training(
     assert not list(tmp_path.glob("logs/tune/*/trial_*"))  # nothing trained
 
 
+@pytest.mark.slow
 def test_a_trial_that_cannot_start_stops_the_search_with_its_error(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     path = write_space(tmp_path / "space.yaml", {"model.dropout": {"uniform": [0, 0.5]}})

@@ -166,7 +166,8 @@ def test_the_package_renamed_needs_no_formatter(package: str, tmp_path: Path) ->
     """The shortest and the longest package names: the renamed code keeps ruff's line breaks and import order
     (the generator runs no formatter: Copier's Python has none)."""
     project = GENERATE.Project(package, package.replace("_", "-"), "X", frozenset(EXTRAS), "fashion_mnist", EXTRAS)
-    for path in GENERATE.template_files(ROOT, project):
+    tracked = git("ls-files", "--cached", "--others", "--exclude-standard", cwd=ROOT).splitlines()
+    for path in GENERATE.template_files(ROOT, project, tracked):
         if path.endswith(".py") or path == "pyproject.toml":
             target = tmp_path / project.path(path)
             target.parent.mkdir(parents=True, exist_ok=True)

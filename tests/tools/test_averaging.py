@@ -70,6 +70,7 @@ def test_averaged_run_stopped_mid_epoch_resumes_exactly(kind: str, tmp_path: Pat
     assert not same_state(saved["state_dict"], saved["current_model_state"])
 
 
+@pytest.mark.slow
 def test_swa_stays_out_of_the_way_before_its_start(tmp_path: Path, fashion_mnist_dir) -> None:
     """Before swa_epoch_start nothing is averaged: validation and checkpoints are the live weights,
     never the initial model that the not-yet-updated average still holds."""
