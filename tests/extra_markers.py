@@ -22,11 +22,13 @@ def marker(line: str) -> tuple[bool, str] | None:
 
 def strip_extra_blocks(text: str, removed: set[str]) -> str:
     """The text without the blocks of the removed extras (their marker lines included); the blocks of other
-    extras stay as they are, markers too. Blocks may nest; an unbalanced marker is an error. A blank line left
-    next to another by a removal goes too."""
+    extras stay as they are, markers too. Blocks may nest; an unbalanced marker is an error. The blank lines that
+    meet where a block was are as many as the longer of the two runs (one between paragraphs, two between Python's
+    top-level definitions), not their sum."""
     kept: list[str] = []
     open_blocks: list[str] = []
     after_removal = False
+    before = after = 0  # blank lines kept just before the removal, and seen just after it
     for number, line in enumerate(text.splitlines(keepends=True), start=1):
         found = marker(line)
         dropping = any(name in removed for name in open_blocks)
@@ -39,15 +41,21 @@ def strip_extra_blocks(text: str, removed: set[str]) -> str:
             else:
                 open_blocks.append(name)
             if dropping or name in removed:
-                after_removal = True
+                after_removal, after = True, 0
                 continue
         elif dropping:
-            after_removal = True
+            after_removal, after = True, 0
             continue
         blank = not line.strip()
-        if blank and after_removal and (not kept or not kept[-1].strip()):
-            continue
-        after_removal = after_removal and blank
+        if not after_removal:
+            before = before + 1 if blank else 0
+        elif blank:
+            after += 1
+            if after <= before or not kept:  # the run before the block already has this one
+                continue
+            before += 1
+        else:
+            after_removal, before = False, 0
         kept.append(line)
     if open_blocks:
         raise ValueError(f"extra:{open_blocks[-1]} block is never closed")

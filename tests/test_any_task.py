@@ -44,18 +44,25 @@ def stopped_and_resumed_equals_uninterrupted(
     return stopped.stdout + stopped.stderr + resumed.stdout + resumed.stderr
 
 
-def test_a_plain_task_stopped_by_sigterm_resumes_exactly(tmp_path: Path, monkeypatch) -> None:
-    """At a glance, in this process: fit never stopped; fit stopped by a real SIGTERM in the middle of its second
-    epoch; the same command with --ckpt_path last. The processes of train.py: the test below."""
-    args = ["fit", *PLAIN, *SHORT, "--data.train_size=160", "--trainer.enable_progress_bar=false"]
-    for folder, extra in (("full", []), ("cut", sigterm_at(epoch=1, batch=2)), ("cut", ["--ckpt_path=last"])):
+def resumed_in_this_process(tmp_path: Path, monkeypatch, args: list[str], stop: list[str]) -> int:
+    """As `stopped_and_resumed_equals_uninterrupted`, each run in this process as train.py runs it (the stop is a
+    real SIGTERM to this process); returns the number of optimizer steps."""
+    for folder, extra in (("full", []), ("cut", stop), ("cut", ["--ckpt_path=last"])):
         (tmp_path / folder).mkdir(exist_ok=True)
         monkeypatch.chdir(tmp_path / folder)
         with contextlib.suppress(SIGTERMException):  # stopped at a step boundary: train.py exits 143 here
-            TemplateCLI(args=[*args, *extra])
+            TemplateCLI(args=["fit", *args, *extra])
     full, cut = last_checkpoint(tmp_path / "full"), last_checkpoint(tmp_path / "cut")
-    assert cut["global_step"] == full["global_step"] == 10
+    assert cut["global_step"] == full["global_step"] > 0
     assert same_state(full["state_dict"], cut["state_dict"]), "weights differ after the resume"
+    return full["global_step"]
+
+
+def test_a_plain_task_stopped_by_sigterm_resumes_exactly(tmp_path: Path, monkeypatch) -> None:
+    """At a glance: fit never stopped; fit stopped by a real SIGTERM in the middle of its second epoch; the same
+    command with --ckpt_path last. In separate processes of train.py: the test below."""
+    args = [*PLAIN, *SHORT, "--data.train_size=160", "--trainer.enable_progress_bar=false"]
+    assert resumed_in_this_process(tmp_path, monkeypatch, args, sigterm_at(epoch=1, batch=2)) == 10
 
 
 @pytest.mark.slow
@@ -89,8 +96,9 @@ def test_a_plain_task_stopped_mid_epoch_resumes_exactly_with_its_own_metrics(tmp
         pytest.param(["--trainer.val_check_interval=10"], id="mid-epoch-validation"),
     ],
 )
-def test_a_plain_task_resumes_exactly_in_each_setup(setup: list[str], tmp_path: Path) -> None:
-    stopped_and_resumed_equals_uninterrupted(tmp_path, [*PLAIN, *SHORT, *setup], sigterm_at(epoch=1, batch=4))
+def test_a_plain_task_resumes_exactly_in_each_setup(setup: list[str], tmp_path: Path, monkeypatch) -> None:
+    args = [*PLAIN, *SHORT, "--trainer.enable_progress_bar=false", *setup]
+    resumed_in_this_process(tmp_path, monkeypatch, args, sigterm_at(epoch=1, batch=4))
 
 
 @pytest.mark.slow

@@ -146,6 +146,7 @@ def test_ranks_draw_their_own_random_numbers_reproducibly() -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.matrix  # nightly (make matrix)
 def test_ddp_run_stopped_by_sigterm_resumes_exactly(tmp_path: Path, fashion_mnist_dir) -> None:
     """SIGTERM to rank 0 mid-epoch: both ranks stop at the same step; the resumed run equals one never stopped."""
     args = [

@@ -13,11 +13,11 @@ import re
 import shutil
 import subprocess
 import sys
+import tomllib
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import tomllib
 
 from tests.conftest import ROOT
 from tests.extra_markers import marker, strip_extra_blocks

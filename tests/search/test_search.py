@@ -215,6 +215,7 @@ def test_three_fold_run_summarises_mean_and_std_and_skips_finished_folds(tmp_pat
 
 
 @pytest.mark.slow
+@pytest.mark.matrix  # nightly (make matrix)
 def test_grid_search_stopped_by_sigterm_says_so_in_one_line_and_the_same_command_finishes_the_grid(tmp_path):
     space = write_space(tmp_path / "space.yaml", {"model.optimizer.init_args.lr": {"choice": [3e-3, 2e-3]}})
     out = tmp_path / "logs" / "tune" / "g"

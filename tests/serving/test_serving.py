@@ -316,7 +316,7 @@ def _fuzz(url: str, examples: int) -> Counter:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("backend", ["torch", "onnx"])
+@pytest.mark.parametrize("backend", ["torch", pytest.param("onnx", marks=pytest.mark.matrix)])
 def test_requests_generated_from_the_openapi_schema_get_no_server_error(backend: str, request) -> None:
     """schemathesis: 400 requests per backend, valid and invalid bodies of both media types: no 5xx."""
     url = request.getfixturevalue("image_server") if backend == "torch" else request.getfixturevalue("onnx_server")[0]

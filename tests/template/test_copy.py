@@ -18,11 +18,11 @@ import subprocess
 import sys
 import sysconfig
 import time
+import tomllib
 from pathlib import Path
 
 import jinja2
 import pytest
-import tomllib
 import yaml
 from copier import run_copy
 from jinja2_ansible_filters import AnsibleCoreFiltersExtension
@@ -161,11 +161,11 @@ def test_a_package_name_gets_the_same_verdict_when_asked_and_when_given(name: st
     assert (asked == given == "") if expected is True else (expected in asked and given), (asked, given)
 
 
-@pytest.mark.parametrize("package", ["a", "z" * 24])
-def test_the_package_renamed_needs_no_formatter(package: str, tmp_path: Path) -> None:
-    """The shortest and the longest package names: the renamed code keeps ruff's line breaks and import order
-    (the generator runs no formatter: Copier's Python has none)."""
-    project = GENERATE.Project(package, package.replace("_", "-"), "X", frozenset(EXTRAS), "fashion_mnist", EXTRAS)
+@pytest.mark.parametrize(("package", "kept"), [("a", sorted(EXTRAS)), ("z" * 24, [])])
+def test_the_package_renamed_and_the_blocks_dropped_need_no_formatter(package: str, kept, tmp_path: Path) -> None:
+    """The shortest and the longest package names, every extra and none: the project's code keeps ruff's line
+    breaks, blank lines and import order (the generator runs no formatter: Copier's Python has none)."""
+    project = GENERATE.Project(package, package.replace("_", "-"), "X", frozenset(kept), "fashion_mnist", EXTRAS)
     tracked = git("ls-files", "--cached", "--others", "--exclude-standard", cwd=ROOT).splitlines()
     for path in GENERATE.template_files(ROOT, project, tracked):
         if path.endswith(".py") or path == "pyproject.toml":
@@ -378,7 +378,7 @@ def project_venv(project: Path) -> Path:
     # Appended as a path, not a site directory: its .pth files (the editable finder) are not run.
     Path(purelib, "_template_environment.pth").write_text(f"import sys; sys.path.append({here!r})\n")
     # The tools the Makefile calls as .venv/bin/NAME: pip finds their packages installed and writes no script.
-    for name in ("ruff", "lint-imports", "mkdocs", "pre-commit"):
+    for name in ("ruff", "lint-imports", "mkdocs", "pre-commit", "end-of-file-fixer", "check-added-large-files"):
         tool, script = Path(sys.executable).parent / name, venv / "bin" / name
         if tool.read_bytes()[:2] != b"#!":  # a native binary (ruff)
             script.symlink_to(tool)
