@@ -1,4 +1,4 @@
-"""Write a dataset of the template as LitData chunks, for `StreamingImageDataModule` / `StreamingTextDataModule`.
+"""Write a dataset of the project as LitData chunks, for `StreamingImageDataModule` / `StreamingTextDataModule`.
 
     python convert.py --job configs/simple_cnn.yaml --output data/streaming/fashion_mnist
     python convert.py --job configs/resnet_finetune.yaml --output data/streaming/flowers --images encoded

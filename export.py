@@ -23,12 +23,12 @@ from typing import Any
 import torch
 from lightning.pytorch.cli import LightningArgumentParser
 
-from lightning_template.engine.cli import TemplateCLI, exit_on_error
+from lightning_template.engine.cli import ProjectCLI, exit_on_error
 from lightning_template.serving.backends import SPEC_FILE
 from lightning_template.tasks.classification.input_spec import SPEC_KEY
 
 
-class ExportCLI(TemplateCLI):
+class ExportCLI(ProjectCLI):
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         super().add_arguments_to_parser(parser)
         parser.add_argument("--ckpt_path", type=str, required=True, help="Checkpoint to export.")

@@ -16,7 +16,7 @@ import signal
 import sys
 from pathlib import Path
 
-from lightning_template.engine.errors import TemplateError
+from lightning_template.engine.errors import ProjectError
 from lightning_template.search import runs
 from lightning_template.search.repeat import run_all, write_summary
 
@@ -34,7 +34,7 @@ def main(argv: list[str] | None = None) -> None:
     flags = [*(f"--config={c}" for c in args.config), *train_flags]
     try:
         results, out = run_all(runs.RunConfig.parse(flags), name, args.seeds, args.folds)
-    except (ValueError, TemplateError) as err:  # train.py's refusals (a flag, a missing file): one line, exit 1
+    except (ValueError, ProjectError) as err:  # train.py's refusals (a flag, a missing file): one line, exit 1
         sys.exit(f"multirun.py: {err}")
     except runs.Interrupted:
         print("Stopped: run the same command to finish the set.", flush=True)

@@ -1,1 +1,1 @@
-"""Benchmarks of the template: `python -m benchmarks.run` (see run.py)."""
+"""Benchmarks of the project: `python -m benchmarks.run` (see run.py)."""

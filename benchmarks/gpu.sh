@@ -3,9 +3,9 @@
 # benchmarks/gpu.py). Results in benchmarks/results/gpu.json and gpu.md. Exit status 2: no CUDA device.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-# The project's virtual environment (made on first use), or the interpreter named by $TEMPLATE_PYTHON.
-python=${TEMPLATE_PYTHON:-.venv/bin/python}
-if [ -z "${TEMPLATE_PYTHON:-}" ] && [ ! -x "$python" ]; then
+# The project's virtual environment (made on first use), or the interpreter named by $PROJECT_PYTHON.
+python=${PROJECT_PYTHON:-.venv/bin/python}
+if [ -z "${PROJECT_PYTHON:-}" ] && [ ! -x "$python" ]; then
   make install >/dev/null
 fi
 # glibc's default malloc thresholds make timings swing; these pin them (as the Makefile does).

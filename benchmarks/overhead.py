@@ -1,6 +1,6 @@
 """What `train.py fit` costs over a hand-written PyTorch loop, measured as interleaved A/B pairs.
 
-One `train.py fit` run (the template's CLI, configs, callbacks, metrics and logging, unchanged) is
+One `train.py fit` run (the project's CLI, configs, callbacks, metrics and logging, unchanged) is
 timed epoch by epoch; right after each of its epochs, inside the same process, the same number of
 steps of a bare loop runs and is timed: the same network architecture, the same
 optimizer groups and learning-rate schedule, the same in-memory batches normalized on the device.
@@ -35,12 +35,12 @@ def sync(device: torch.device) -> None:
 
 
 class BareLoop:
-    """The loop a careful user writes by hand, for a twin of the template's model: a fresh network of the same
-    architecture, the template's optimizer groups and learning-rate schedule; no metrics, no logging."""
+    """The loop a careful user writes by hand, for a twin of the project's model: a fresh network of the same
+    architecture, the project's optimizer groups and learning-rate schedule; no metrics, no logging."""
 
     def __init__(self, module: ClassificationModule, datamodule: InMemoryImageDataModule, schedule: dict) -> None:
         twin = type(module)(**{k: v for k, v in module.hparams.items() if not k.startswith("_")})
-        twin.configure_model()  # the same memory format (channels_last) and compilation as the template's run
+        twin.configure_model()  # the same memory format (channels_last) and compilation as the project's run
         self.device = module.device
         self.model = twin.to(self.device).train()  # its forward only lays the batch out as the network expects
         self.loss_fn = twin.loss_fn
@@ -127,7 +127,7 @@ def paired_epochs(
 ) -> tuple[list[FitEpoch], list[float]]:
     """`train.py fit --config config` for `pairs` + 1 epochs of `steps` steps, without validation, each epoch
     followed by a bare-loop epoch; (fit seconds, bare seconds) per pair, the first pair (warm-up) dropped."""
-    from lightning_template.engine.cli import TemplateCLI  # the CLI of train.py itself, run in this process
+    from lightning_template.engine.cli import ProjectCLI  # the CLI of train.py itself, run in this process
 
     args = [
         "fit", "--config", str(ROOT / config), f"--trainer.max_epochs={pairs + 1}",
@@ -136,7 +136,7 @@ def paired_epochs(
         f"--trainer.logger.init_args.save_dir={workdir}", f"--trainer.default_root_dir={workdir}",
         "--trainer.callbacks+=benchmarks.overhead.PairedEpochs", *overrides,
     ]  # fmt: skip
-    cli = TemplateCLI(args=args)
+    cli = ProjectCLI(args=args)
     timer = next(c for c in cli.trainer.callbacks if isinstance(c, PairedEpochs))
     return timer.fit_epochs()[1:], timer.bare_s[1:]
 
@@ -167,10 +167,10 @@ def per_step_overhead(device: torch.device, steps: int, pairs: int, workdir: Pat
 def lightning_floor(device: torch.device, steps: int, pairs: int) -> list[float]:
     """What Lightning itself costs per step, in bare-loop steps of the same pair: the tiny job's network and data
     in a plain Trainer (no callbacks, logger, checkpoints or progress bar) whose training step only returns the
-    loss, paired with the bare loop as `train.py fit` is. The template cannot go below this while on Lightning."""
-    from lightning_template.engine.cli import TemplateCLI
+    loss, paired with the bare loop as `train.py fit` is. The project cannot go below this while on Lightning."""
+    from lightning_template.engine.cli import ProjectCLI
 
-    config = TemplateCLI(args=["--config", str(ROOT / JOB), *TINY], run=False)
+    config = ProjectCLI(args=["--config", str(ROOT / JOB), *TINY], run=False)
     module_class = type(config.model)
 
     class LightningOnly(module_class):  # the same network and optimizer, nothing else in the step

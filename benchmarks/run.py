@@ -1,11 +1,11 @@
-"""Speed of the template, every figure a median over interleaved repeats: `make bench` (`make bench-quick`).
+"""Speed of the project, every figure a median over interleaved repeats: `make bench` (`make bench-quick`).
 
 1. framework overhead per step: `train.py fit` vs a bare PyTorch loop, with a network and batch so
    small that a step is nearly pure framework work (microseconds per step), in interleaved pairs;
    then as a fraction of each shipped model's real step time;
 2. end to end: `train.py fit --config configs/simple_cnn.yaml` vs the bare loop, ratio per pair;
 3. throughput and fraction of the matmul peak of the shipped models, peak and model in alternating windows;
-4. data loading: the template's in-memory datamodule vs torchvision's per-image pipeline, pass by pass;
+4. data loading: the project's in-memory datamodule vs torchvision's per-image pipeline, pass by pass;
 5. time to target accuracy of each shipped job, read from the TensorBoard logs of its latest run.
 
 Medians come with their interquartile range (how single repeats scatter) and the 95 % confidence

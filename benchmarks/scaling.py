@@ -7,9 +7,9 @@
              Each cell runs in a fresh process, with `num_workers=0`, so its peak is its own.
 2. pipeline: images/s delivered to the model for a folder of JPEG files at 224 px (Fashion-MNIST
              images enlarged to 256x256 RGB): torchvision's ImageFolder + transforms (the reference),
-             the template's ImageFolder datamodule, and the streaming datamodule from encoded and from
+             the project's ImageFolder datamodule, and the streaming datamodule from encoded and from
              pre-resized chunks; same workers, same batch size, after one warm-up pass, steady rate
-             (from the second batch). "To the model" includes the template's on-device crop, flip and
+             (from the second batch). "To the model" includes the project's on-device crop, flip and
              normalization (here on the CPU, in the main process); "loader alone" stops at the batch.
 3. ddp:      `train.py fit` epoch time of SimpleCNN on 1 process (2 threads) vs 2 DDP processes
              (gloo, 1 thread each) at the same global batch.
@@ -186,7 +186,7 @@ def pipeline_table(work: Path, count: int, workers: int, batch_size: int, repeat
     files.setup("fit")
     rows = [
         ("torchvision ImageFolder + transforms (reference)", lambda: reference_loader, lambda b: b),
-        ("template ImageFolderDataModule", files.train_dataloader, lambda b: files.on_after_batch_transfer(b, 0)),
+        ("ImageFolderDataModule", files.train_dataloader, lambda b: files.on_after_batch_transfer(b, 0)),
     ]
     for images in ("encoded", "raw"):
         output = work / f"jpeg-{images}"

@@ -33,7 +33,7 @@ import torch
 from PIL import Image
 
 from lightning_template.engine.checkpoint import RunCheckpoint
-from lightning_template.engine.cli import ROOT, TemplateCLI
+from lightning_template.engine.cli import ROOT, ProjectCLI
 from lightning_template.serving.launch import background_server
 from lightning_template.tasks.classification.data.idx import read_idx
 
@@ -48,7 +48,7 @@ SHORT += ["--trainer.enable_progress_bar=false", "--test_after_fit=false"]
 def train_and_export(job: str, workdir: Path) -> tuple[Path, Path]:
     """A briefly trained checkpoint of `job` and its ONNX export."""
     run = workdir / job
-    TemplateCLI(args=["fit", *JOBS[job], *SHORT, f"--trainer.default_root_dir={run}",
+    ProjectCLI(args=["fit", *JOBS[job], *SHORT, f"--trainer.default_root_dir={run}",
                       f"--trainer.logger.init_args.save_dir={run}"])  # fmt: skip
     checkpoint = next(run.glob("*/version_0/checkpoints/last.ckpt"))
     export = [sys.executable, str(ROOT / "export.py"), *JOBS[job], f"--ckpt_path={checkpoint}", f"--out={run}/export"]
@@ -61,7 +61,7 @@ def predict_throughput(job: str, checkpoint: Path, workdir: Path) -> float:
     data = []  # the text datamodule predicts a file, with the checkpoint's vocabulary
     if job != "simple_cnn":
         data = [f"--data.predict_file={ROOT / 'data/fortunes/test.jsonl'}"]
-    cli = TemplateCLI(
+    cli = ProjectCLI(
         args=[*JOBS[job], "--trainer.enable_progress_bar=false", "--trainer.logger=false",
               f"--predictions.output_file={workdir}/p.csv", *data, "--data.batch_size=128"],
         run=False,

@@ -37,10 +37,10 @@ class StepSpec:
 
 def job_model(config: str, overrides: list[str] = ()) -> tuple[ClassificationModule, int, tuple[int, ...]]:
     """The model of a job config as `train.py` builds it, its batch size and input shape."""
-    from lightning_template.engine.cli import TemplateCLI
+    from lightning_template.engine.cli import ProjectCLI
 
     args = ["--config", str(ROOT / config), "--trainer.logger=false", *overrides]
-    cli = TemplateCLI(args=args, run=False)
+    cli = ProjectCLI(args=args, run=False)
     datamodule = cli.datamodule
     return cli.model, datamodule.batch_size, tuple(datamodule.input_shape)
 

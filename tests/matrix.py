@@ -1,6 +1,6 @@
 """The fault-injection matrix of exact resume: one cell = (data, accumulation, trigger, model stage).
 
-The data axis holds the template's datamodules and a user's own plain task (tests/plain_task.py: its own
+The data axis holds the project's datamodules and a user's own plain task (tests/plain_task.py: its own
 LightningModule and a `DataLoader(shuffle=True, num_workers=2)` with random flips in `__getitem__`).
 
 A cell trains a small real run (3 epochs x 5 batches), interrupts it the way the trigger says,
@@ -64,8 +64,8 @@ class Cell:
 
 
 def all_cells() -> list[Cell]:
-    template = [Cell(*values) for values in itertools.product(DATA, ACCUMULATION, TRIGGERS, STAGES)]
-    return template + [Cell(PLAIN_TASK, *values, "plain") for values in itertools.product(ACCUMULATION, TRIGGERS)]
+    cells = [Cell(*values) for values in itertools.product(DATA, ACCUMULATION, TRIGGERS, STAGES)]
+    return cells + [Cell(PLAIN_TASK, *values, "plain") for values in itertools.product(ACCUMULATION, TRIGGERS)]
 
 
 def pairwise_cells() -> list[Cell]:

@@ -1,4 +1,4 @@
-"""A user's own task, written as plain Lightning: nothing of the template is imported or subclassed.
+"""A user's own task, written as plain Lightning: nothing of the project is imported or subclassed.
 
 Regression on real images: from a Fashion-MNIST image pooled to 7x7, an MLP predicts how much of the image is ink
 (the share of pixels above half intensity). The dataset flips half of the images at random in `__getitem__` (as

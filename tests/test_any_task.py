@@ -1,7 +1,7 @@
 """A user's own task gets every guarantee of the engine through train.py, unchanged.
 
 `tests/plain_task.py` is plain Lightning (a regression MLP, a datamodule returning `DataLoader(..., shuffle=True)`,
-only `train_loss` and `val_loss` logged): nothing of the template is imported or subclassed.
+only `train_loss` and `val_loss` logged): nothing of the project is imported or subclassed.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import pytest
 import torch
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
-from lightning_template.engine.cli import TemplateCLI
+from lightning_template.engine.cli import ProjectCLI
 
 from tests.conftest import last_checkpoint, sigterm_at, train_process
 from tests.helpers import same_state
@@ -51,7 +51,7 @@ def resumed_in_this_process(tmp_path: Path, monkeypatch, args: list[str], stop: 
         (tmp_path / folder).mkdir(exist_ok=True)
         monkeypatch.chdir(tmp_path / folder)
         with contextlib.suppress(SIGTERMException):  # stopped at a step boundary: train.py exits 143 here
-            TemplateCLI(args=["fit", *args, *extra])
+            ProjectCLI(args=["fit", *args, *extra])
     full, cut = last_checkpoint(tmp_path / "full"), last_checkpoint(tmp_path / "cut")
     assert cut["global_step"] == full["global_step"] > 0
     assert same_state(full["state_dict"], cut["state_dict"]), "weights differ after the resume"
@@ -71,10 +71,10 @@ def test_a_plain_task_stopped_mid_epoch_resumes_exactly_with_its_own_metrics(tmp
     args = ["fit", *PLAIN, *SHORT, "--data.train_size=400"]
     (tmp_path / "full").mkdir()
     monkeypatch.chdir(tmp_path / "full")
-    TemplateCLI(args=args)
+    ProjectCLI(args=args)
     stopped = train_process([*args, *sigterm_at(epoch=1, batch=5)], tmp_path / "cut", expect=STOPPED)
     monkeypatch.chdir(tmp_path / "cut")
-    TemplateCLI(args=[*args, "--ckpt_path=last"])
+    ProjectCLI(args=[*args, "--ckpt_path=last"])
     full, cut = last_checkpoint(tmp_path / "full"), last_checkpoint(tmp_path / "cut")
     assert cut["global_step"] == full["global_step"] == 26
     assert same_state(full["state_dict"], cut["state_dict"]), "weights differ after the resume"
@@ -113,9 +113,9 @@ def test_a_monitored_metric_the_model_never_logs_is_named_with_what_it_logged(tm
     monkeypatch.chdir(tmp_path)
     with pytest.raises(ValueError, match=r"--checkpoint.monitor val_acc: the model never logged 'val_acc'; it logged"
                                          r" val_loss\. Monitor one of these"):  # fmt: skip
-        TemplateCLI(args=["fit", *PLAIN, *SHORT, "--checkpoint.monitor=val_acc", "--checkpoint.mode=max"])
+        ProjectCLI(args=["fit", *PLAIN, *SHORT, "--checkpoint.monitor=val_acc", "--checkpoint.mode=max"])
     with pytest.raises(ValueError, match=r"--early_stopping.monitor val_mae: the model never logged"):
-        TemplateCLI(args=["fit", *PLAIN, *SHORT, "--early_stopping.monitor=val_mae"])
+        ProjectCLI(args=["fit", *PLAIN, *SHORT, "--early_stopping.monitor=val_mae"])
 
 
 @pytest.mark.slow
@@ -139,9 +139,9 @@ def test_a_non_finite_loss_stops_a_plain_task_in_one_line(tmp_path: Path) -> Non
 
 def test_predictions_of_a_plain_task_are_written_one_row_per_sample(tmp_path: Path, monkeypatch) -> None:
     monkeypatch.chdir(tmp_path)
-    TemplateCLI(args=["fit", *PLAIN, *SHORT, "--trainer.max_epochs=1", "--data.train_size=320"])
+    ProjectCLI(args=["fit", *PLAIN, *SHORT, "--trainer.max_epochs=1", "--data.train_size=320"])
     checkpoint = next(tmp_path.glob("logs/*/version_0/checkpoints/last.ckpt"))
-    TemplateCLI(args=["predict", *PLAIN, f"--ckpt_path={checkpoint}", "--trainer.enable_progress_bar=false"])
+    ProjectCLI(args=["predict", *PLAIN, f"--ckpt_path={checkpoint}", "--trainer.enable_progress_bar=false"])
     with open(tmp_path / "predictions.csv", newline="") as f:
         rows = list(csv.DictReader(f))
     assert len(rows) == 256 and list(rows[0]) == ["index", "output_0"]
@@ -152,7 +152,7 @@ def test_predictions_of_a_plain_task_are_written_one_row_per_sample(tmp_path: Pa
 def test_early_stopping_says_why_and_where_the_run_stopped(tmp_path: Path, monkeypatch, capsys) -> None:
     """A learning rate of 0 never improves val_loss: with a patience of 1 the run stops after its second epoch."""
     monkeypatch.chdir(tmp_path)
-    TemplateCLI(args=["fit", *PLAIN, *SHORT, "--model.lr=0", "--trainer.max_epochs=5", "--early_stopping.patience=1",
+    ProjectCLI(args=["fit", *PLAIN, *SHORT, "--model.lr=0", "--trainer.max_epochs=5", "--early_stopping.patience=1",
                       "--data.train_size=64", "--trainer.logger=false"])  # fmt: skip
     printed = capsys.readouterr().out
     assert "early stopping: val_loss did not improve for 1 validations; stopped after epoch 2 of 5" in printed
@@ -164,14 +164,14 @@ def test_resuming_from_the_path_of_a_runs_checkpoint_continues_that_run_as_last_
     a checkpoint of another experiment starts a run of this one."""
     monkeypatch.chdir(tmp_path)
     args = ["fit", *PLAIN, *SHORT, "--data.train_size=64", "--trainer.logger.init_args.name=ink"]
-    TemplateCLI(args=[*args, "--trainer.max_epochs=1"])
+    ProjectCLI(args=[*args, "--trainer.max_epochs=1"])
     printed = Path("logs/ink/version_0/checkpoints/last.ckpt")
-    TemplateCLI(args=[*args, f"--ckpt_path={printed}"])
+    ProjectCLI(args=[*args, f"--ckpt_path={printed}"])
     assert sorted(p.name for p in Path("logs/ink").iterdir()) == ["version_0"]
     assert torch.load(printed, weights_only=True)["global_step"] == 4  # two epochs of 2 batches, in one run
-    TemplateCLI(args=[*args, "--trainer.max_epochs=3", "--ckpt_path=last"])
+    ProjectCLI(args=[*args, "--trainer.max_epochs=3", "--ckpt_path=last"])
     assert sorted(p.name for p in Path("logs/ink").iterdir()) == ["version_0"]
     other = ["--trainer.max_epochs=4", "--trainer.logger.init_args.name=other", f"--ckpt_path={printed}"]
-    TemplateCLI(args=[*args, *other])
+    ProjectCLI(args=[*args, *other])
     assert torch.load("logs/other/version_0/checkpoints/last.ckpt", weights_only=True)["global_step"] == 8
     assert torch.load(printed, weights_only=True)["global_step"] == 6  # untouched: not this experiment's run

@@ -9,10 +9,11 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 from lightning.pytorch.callbacks import LearningRateMonitor
 
 from lightning_template.engine import ExactResume, FiniteLossGuard, ResumeCheckpoint
-from lightning_template.engine.cli import DATA_FACTS, TemplateCLI
+from lightning_template.engine.cli import DATA_FACTS, ProjectCLI
 from lightning_template.engine.monitor import EarlyStop
 from lightning_template.tasks.classification import SimpleCNN
 
@@ -34,7 +35,7 @@ def test_every_job_config_is_a_short_delta_that_trains_a_few_steps(
     assert len(text.splitlines()) <= 25 and not [word for word in SHARED if word in text]
     monkeypatch.chdir(tmp_path)
     flags = offline_flags(str(config.relative_to(ROOT)), offline_inputs, request)
-    cli = TemplateCLI(args=["--config", str(config), *flags, "--trainer.fast_dev_run=2"], run=False)
+    cli = ProjectCLI(args=["--config", str(config), *flags, "--trainer.fast_dev_run=2"], run=False)
     # facts of the data are linked into the model, not typed twice
     linked = [name for name in DATA_FACTS if hasattr(cli.datamodule, name) and name in cli.model.hparams]
     assert linked and all(cli.model.hparams[name] == getattr(cli.datamodule, name) for name in linked)
@@ -50,10 +51,12 @@ def test_every_job_config_is_a_short_delta_that_trains_a_few_steps(
 
 def test_print_config_still_shows_everything(capsys) -> None:
     with pytest.raises(SystemExit):
-        TemplateCLI(args=["fit", "--config", str(ROOT / "configs/simple_cnn.yaml"), "--print_config"])
+        ProjectCLI(args=["fit", "--config", str(ROOT / "configs/simple_cnn.yaml"), "--print_config"])
     printed = capsys.readouterr().out
+    job = yaml.safe_load((ROOT / "configs/simple_cnn.yaml").read_text())  # the job's values over the defaults'
+    lr, epochs = job["model"]["init_args"]["optimizer"]["init_args"]["lr"], job["trainer"]["max_epochs"]
     for line in ("class_path: lightning.pytorch.loggers.TensorBoardLogger", "monitor: val_acc", "patience: 5",
-                 "class_path: torch.optim.AdamW", "lr: 0.003", "max_epochs: 5"):  # fmt: skip
+                 "class_path: torch.optim.AdamW", f"lr: {lr}", f"max_epochs: {epochs}"):  # fmt: skip
         assert line in printed, line
 
 
@@ -105,7 +108,7 @@ def test_validate_reproduces_best_checkpoint_score(fitted: tuple[Path, str]) -> 
     best = next((workdir / "logs" / "simple_cnn" / "version_0" / "checkpoints").glob("epoch=*.ckpt"))
     saved = torch.load(best, weights_only=True)
     callback_state = next(v for k, v in saved["callbacks"].items() if k.startswith("BestCheckpoint"))
-    cli = TemplateCLI(args=["validate", "--config", str(ROOT / "configs/simple_cnn.yaml"), f"--ckpt_path={best}",
+    cli = ProjectCLI(args=["validate", "--config", str(ROOT / "configs/simple_cnn.yaml"), f"--ckpt_path={best}",
                             *QUICK, f"--trainer.default_root_dir={workdir}", "--trainer.logger=false"])  # fmt: skip
     val_acc = cli.trainer.callback_metrics["val_acc"].item()
     assert val_acc == pytest.approx(callback_state["best_model_score"].item(), abs=1e-6)
@@ -127,7 +130,7 @@ def test_a_config_of_model_and_data_alone_resumes_exactly(tmp_path: Path, monkey
     ]  # fmt: skip
     (tmp_path / "full").mkdir()
     monkeypatch.chdir(tmp_path / "full")
-    TemplateCLI(args=[a if a != "mine.yaml" else "../mine.yaml" for a in args])
+    ProjectCLI(args=[a if a != "mine.yaml" else "../mine.yaml" for a in args])
     monkeypatch.chdir(tmp_path)
     stop = ["--trainer.callbacks+=tests.helpers.SignalAtBatch", "--trainer.callbacks.epoch=1",
             "--trainer.callbacks.batch=4", "--trainer.callbacks.signum=15"]  # fmt: skip
@@ -139,7 +142,7 @@ def test_a_config_of_model_and_data_alone_resumes_exactly(tmp_path: Path, monkey
         timeout=300,
     )
     assert stopped.returncode == 143, stopped.stderr[-2000:]  # 128 + SIGTERM: stopped, not finished
-    TemplateCLI(args=[*args, "--ckpt_path=last"])
+    ProjectCLI(args=[*args, "--ckpt_path=last"])
     load = lambda d: torch.load(d / "logs/mine/version_0/checkpoints/last.ckpt", weights_only=True)  # noqa: E731
     full, resumed = load(tmp_path / "full"), load(tmp_path)
     assert resumed["global_step"] == full["global_step"] == 20
@@ -167,7 +170,7 @@ def test_any_torch_optimizer_from_the_command_line_or_a_yaml(tmp_path: Path, mon
         "      init_args: {lr: 0.05, momentum: 0.9, nesterov: true}\n"
     )
     for extra in (flags, ["--config", "sgd.yaml"]):
-        cli = TemplateCLI(args=["fit", *transfer, *extra, *quick])
+        cli = ProjectCLI(args=["fit", *transfer, *extra, *quick])
         optimizer = cli.trainer.optimizers[0]
         assert isinstance(optimizer, torch.optim.SGD) and optimizer.defaults["momentum"] == 0.9
         assert [g["name"] for g in optimizer.param_groups] == ["head", "head_no_decay"]  # stage 1: the head only
@@ -178,7 +181,7 @@ def test_any_torch_optimizer_from_the_command_line_or_a_yaml(tmp_path: Path, mon
 def test_runs_without_a_logger(tmp_path: Path, monkeypatch, fashion_mnist_dir) -> None:
     monkeypatch.chdir(tmp_path)
     flags = ["--trainer.max_epochs=1", "--trainer.limit_train_batches=2", "--trainer.limit_val_batches=1"]
-    cli = TemplateCLI(
+    cli = ProjectCLI(
         args=["fit", "--config", str(ROOT / "configs/simple_cnn.yaml"), "--trainer.logger=false", *flags,
               "--test_after_fit=false", "--trainer.enable_progress_bar=false"]
     )  # fmt: skip
@@ -188,10 +191,10 @@ def test_runs_without_a_logger(tmp_path: Path, monkeypatch, fashion_mnist_dir) -
 def test_bad_options_fail_before_any_data_loads(capsys) -> None:
     config = ["--config", str(ROOT / "configs/simple_cnn.yaml")]
     with pytest.raises(SystemExit):
-        TemplateCLI(args=[*config, "--model.init_args.lrr=0.1"], run=False)
+        ProjectCLI(args=[*config, "--model.init_args.lrr=0.1"], run=False)
     assert "lrr" in capsys.readouterr().err
     with pytest.raises(ValueError, match=r"cosine needs a finite run: set trainer.max_epochs"):
-        TemplateCLI(args=[*config, "--trainer.max_epochs=-1"], run=False)
+        ProjectCLI(args=[*config, "--trainer.max_epochs=-1"], run=False)
 
 
 @pytest.mark.slow
@@ -200,13 +203,13 @@ def test_a_checkpoint_of_other_data_is_refused_in_one_line_before_anything_runs(
 ) -> None:
     """SimpleCNN trained on 3-channel image folders, validated with the Fashion-MNIST job: the shapes named."""
     monkeypatch.chdir(tmp_path)
-    TemplateCLI(args=["fit", "--model=SimpleCNN", "--data=ImageFolderDataModule", f"--data.root={image_tree}",
+    ProjectCLI(args=["fit", "--model=SimpleCNN", "--data=ImageFolderDataModule", f"--data.root={image_tree}",
                       "--data.image_size=32", "--data.num_workers=0", "--trainer.max_steps=1",
                       "--trainer.limit_val_batches=1", "--test_after_fit=false", "--trainer.logger.init_args.name=rgb",
                       "--trainer.enable_model_summary=false"])  # fmt: skip
     last = tmp_path / "logs/rgb/version_0/checkpoints/last.ckpt"
     with pytest.raises(ValueError) as refused:
-        TemplateCLI(args=["validate", "--config", str(ROOT / "configs/simple_cnn.yaml"), f"--ckpt_path={last}"])
+        ProjectCLI(args=["validate", "--config", str(ROOT / "configs/simple_cnn.yaml"), f"--ckpt_path={last}"])
     message = str(refused.value)
     assert "\n" not in message and "does not fit the model built for this data" in message
     assert "net.features.0.weight: checkpoint (32, 3, 3, 3) vs model (32, 1, 3, 3)" in message
@@ -224,7 +227,7 @@ def test_a_run_refused_before_its_first_step_removes_the_folder_it_made(tmp_path
                str(ROOT / "configs/presets/transfer.yaml"), "--model.weights=null", *QUICK,
                "--trainer.logger.init_args.name=refused", "--test_after_fit=false"]  # fmt: skip
     with pytest.raises(ValueError, match=r"random weights \(--model.weights is null\)"):
-        TemplateCLI(args=refused)
+        ProjectCLI(args=refused)
     assert sorted(p.name for p in (tmp_path / "logs/refused").iterdir()) == ["version_0"]
     assert (tmp_path / "logs/refused/version_0/notes.txt").read_text() == "mine"
     assert "Removed logs/refused/version_1: the run stopped before its first step" in caplog.text
@@ -239,15 +242,15 @@ def test_resume_refuses_another_models_checkpoint_and_flags_it_would_override(
     # Kept tiny in every call: a run that is not refused trains only a step.
     tiny = ["--trainer.max_epochs=1", "--trainer.limit_train_batches=1", "--trainer.limit_val_batches=1"]
     tiny += ["--test_after_fit=false", "--trainer.enable_progress_bar=false"]
-    TemplateCLI(args=[*cnn, *tiny])
+    ProjectCLI(args=[*cnn, *tiny])
     last = tmp_path / "logs/simple_cnn/version_0/checkpoints/last.ckpt"
     vit = ["fit", "--config", str(ROOT / "configs/vit_fashion_mnist.yaml"), f"--ckpt_path={last}", *tiny]
     other_model = r"checkpoint of \S*\.SimpleCNN, but this config.s model is \S*\.Transf"
     with pytest.raises(ValueError, match=other_model):
-        TemplateCLI(args=vit)
+        ProjectCLI(args=vit)
     flags = ["--model.optimizer.lr=0.5", "--model.init_args.dropout", "0.4", "--model.hidden=128"]  # hidden: as saved
     with pytest.raises(ValueError) as refused:
-        TemplateCLI(args=[*cnn, f"--ckpt_path={last}", *flags, *tiny, "--trainer.max_epochs=2"])
+        ProjectCLI(args=[*cnn, f"--ckpt_path={last}", *flags, *tiny, "--trainer.max_epochs=2"])
     message = str(refused.value)
     assert "--model.optimizer.lr 0.5 (checkpoint: 0.003)" in message
     assert "--model.dropout 0.4 (checkpoint: 0.1)" in message
@@ -256,20 +259,20 @@ def test_resume_refuses_another_models_checkpoint_and_flags_it_would_override(
     (tmp_path / "presets").mkdir()
     (tmp_path / "presets/smooth.yaml").write_text("model:\n  init_args:\n    label_smoothing: 0.0\n")
     with pytest.raises(ValueError, match=r"--model.label_smoothing 0.0 \(checkpoint: 0.1\), set by a flag, a stacked"):
-        TemplateCLI(args=[*cnn, "--config=presets/smooth.yaml", f"--ckpt_path={last}", *tiny])
+        ProjectCLI(args=[*cnn, "--config=presets/smooth.yaml", f"--ckpt_path={last}", *tiny])
     validate = ["validate", "--data=FashionMNISTDataModule", f"--ckpt_path={last}", *tiny[1:3]]
     model = '{"class_path": "SimpleCNN", "init_args": {"dropout": 0.3}}'
     monkeypatch.setenv("PL_VALIDATE__MODEL", model)
     with pytest.raises(ValueError, match=r"--model.dropout 0.3 \(checkpoint: 0.1\)"):
-        TemplateCLI(args=validate)
+        ProjectCLI(args=validate)
     monkeypatch.delenv("PL_VALIDATE__MODEL")
-    TemplateCLI(args=[*validate, "--model=SimpleCNN"])  # the class's defaults are not a choice: the checkpoint's win
+    ProjectCLI(args=[*validate, "--model=SimpleCNN"])  # the class's defaults are not a choice: the checkpoint's win
     assert not (tmp_path / "logs/simple_cnn/version_1").exists() and not (tmp_path / "logs/vit_fashion_mnist").exists()
 
 
 def _usage_error(args: list[str], capsys) -> list[str]:
     with pytest.raises(SystemExit) as exit_:
-        TemplateCLI(args=args)
+        ProjectCLI(args=args)
     assert exit_.value.code == 2
     return capsys.readouterr().err.splitlines()
 
@@ -306,7 +309,7 @@ def test_a_misspelled_class_a_tab_in_a_config_and_another_class_option_are_one_c
 
 def test_model_help_says_what_each_model_accepts_as_weights(capsys) -> None:
     with pytest.raises(SystemExit):
-        TemplateCLI(args=["fit", "--model.help", "ResNetClassifier"])
+        ProjectCLI(args=["fit", "--model.help", "ResNetClassifier"])
     help_text = " ".join(capsys.readouterr().out.split())
     weights = help_text[help_text.index("--model.weights WEIGHTS Start") :][:300]
     assert "torchvision weights name" in weights and "DEFAULT, IMAGENET1K_V1" in weights

@@ -13,7 +13,7 @@ import torch
 from lightning.pytorch.callbacks import RichProgressBar
 
 from lightning_template.engine import ExactResume, ResumeCheckpoint
-from lightning_template.engine.cli import TemplateCLI, main, template_error
+from lightning_template.engine.cli import ProjectCLI, main, project_error
 from lightning_template.engine.console import EpochLines, ParameterSummary
 from lightning_template.engine.errors import ConfigError
 from lightning_template.tasks.classification import FashionMNISTDataModule, SimpleCNN
@@ -30,7 +30,7 @@ def test_a_log_file_gets_one_line_per_epoch_and_no_progress_frames(
 ) -> None:
     monkeypatch.chdir(tmp_path)  # stdout is pytest's capture: not a terminal, as under CI or nohup
     flags = [f for f in QUICK if "progress_bar" not in f]  # the default progress bar, as `make train` runs
-    TemplateCLI(args=["fit", *JOB, *flags, "--trainer.max_epochs=3"])
+    ProjectCLI(args=["fit", *JOB, *flags, "--trainer.max_epochs=3"])
     out, err = capsys.readouterr()
     log = out + err
     epochs = [line for line in out.splitlines() if line.startswith("epoch ")]
@@ -77,7 +77,7 @@ def test_every_option_can_come_from_the_environment(monkeypatch, capsys) -> None
     monkeypatch.setenv("PL_FIT__TRAINER__MAX_EPOCHS", "3")
     monkeypatch.setenv("PL_FIT__MODEL", '{"init_args": {"dropout": 0.4}}')  # subclass options: one variable, merged
     with pytest.raises(SystemExit):
-        TemplateCLI(args=["fit", "--print_config", "--trainer.min_epochs=2"])
+        ProjectCLI(args=["fit", "--print_config", "--trainer.min_epochs=2"])
     printed = capsys.readouterr().out
     assert "  max_epochs: 3\n" in printed and "    dropout: 0.4\n" in printed
     assert "class_path: lightning_template.tasks.classification.SimpleCNN" in printed
@@ -92,12 +92,12 @@ def _raised(function) -> Exception:
     raise AssertionError("did not raise")
 
 
-def test_only_template_errors_drop_their_traceback() -> None:
+def test_only_project_errors_drop_their_traceback() -> None:
     def refuse() -> None:
         raise ConfigError("--data.fold 7: only 5 folds; use 0..4.")
 
     def plain() -> None:
-        raise ValueError("a ValueError of the project's own code is a bug unless it is a TemplateError")
+        raise ValueError("a ValueError of the project's own code is a bug unless it is a ProjectError")
 
     def bug() -> None:
         _ = {}["num_classes"]  # raised by the builtin: a bug, whose traceback the user needs
@@ -106,21 +106,21 @@ def test_only_template_errors_drop_their_traceback() -> None:
         raise RuntimeError("Does not validate against any of the Union subtypes") from _raised(refuse)
 
     on_purpose = _raised(refuse)
-    assert template_error(on_purpose) is on_purpose
-    assert template_error(_raised(bug)) is None
-    assert template_error(_raised(plain)) is None
-    assert isinstance(template_error(_raised(wrapped)), ConfigError)  # the cause, not the wrapper
-    assert template_error(_raised(lambda: torch.zeros(2) @ torch.zeros(3))) is None  # a library's error
+    assert project_error(on_purpose) is on_purpose
+    assert project_error(_raised(bug)) is None
+    assert project_error(_raised(plain)) is None
+    assert isinstance(project_error(_raised(wrapped)), ConfigError)  # the cause, not the wrapper
+    assert project_error(_raised(lambda: torch.zeros(2) @ torch.zeros(3))) is None  # a library's error
 
 
 @pytest.mark.parametrize("terminal", [True, False], ids=["terminal", "log-file"])
 def test_rich_in_a_terminal_and_epoch_lines_elsewhere(terminal: bool, monkeypatch, tmp_path: Path) -> None:
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(sys.stdout, "isatty", lambda: terminal)
-    trainer = TemplateCLI(args=[*JOB], run=False).trainer
+    trainer = ProjectCLI(args=[*JOB], run=False).trainer
     assert type(trainer.progress_bar_callback) is (RichProgressBar if terminal else EpochLines)
     assert any(type(c) is ParameterSummary for c in trainer.callbacks)  # a static table, in a log file too
-    quiet = TemplateCLI(args=[*JOB, "--trainer.enable_progress_bar=false"], run=False).trainer
+    quiet = ProjectCLI(args=[*JOB, "--trainer.enable_progress_bar=false"], run=False).trainer
     assert quiet.progress_bar_callback is None  # no clash with Lightning's switch
 
 
@@ -155,7 +155,7 @@ def test_the_epoch_line_shows_the_true_mean_loss_whatever_the_accumulation(tmp_p
     monkeypatch.chdir(tmp_path)
     shown = []
     for accumulate in (1, 4):
-        TemplateCLI(args=[
+        ProjectCLI(args=[
             "fit", "--model=tests.plain_task.Regressor", "--data=tests.plain_task.RegressionData", "--model.lr=0",
             "--trainer.max_epochs=1", "--data.train_size=256", "--trainer.limit_val_batches=1",
             f"--trainer.accumulate_grad_batches={accumulate}", "--trainer.logger=false",

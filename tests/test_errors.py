@@ -14,7 +14,7 @@ from lightning import Callback, seed_everything
 from PIL import Image
 
 from lightning_template.engine import ExactResume, FiniteLossGuard, NonFiniteLossError, ResumeCheckpoint
-from lightning_template.engine.cli import TemplateCLI
+from lightning_template.engine.cli import ProjectCLI
 from lightning_template.tasks.classification import FashionMNISTDataModule, ResNetClassifier, SimpleCNN
 from lightning_template.tasks.classification.data.idx import ALL_FILES
 from lightning_template.tasks.classification.data.image_folder import CorruptImageError, load_rgb
@@ -128,9 +128,9 @@ def test_corrupt_checkpoint_is_refused_before_anything_runs(simple_cnn_checkpoin
     truncated.write_bytes(simple_cnn_checkpoint.read_bytes()[:5000])
     args = ["validate", "--config", str(ROOT / "configs/simple_cnn.yaml")]
     with pytest.raises(ValueError, match=r"cut\.ckpt: not a readable PyTorch checkpoint \(truncated or corrupt\)"):
-        TemplateCLI(args=[*args, f"--ckpt_path={truncated}"])
+        ProjectCLI(args=[*args, f"--ckpt_path={truncated}"])
     with pytest.raises(FileNotFoundError, match=r"nope\.ckpt: no such file"):
-        TemplateCLI(args=[*args, f"--ckpt_path={tmp_path / 'nope.ckpt'}"])
+        ProjectCLI(args=[*args, f"--ckpt_path={tmp_path / 'nope.ckpt'}"])
 
 
 @pytest.mark.slow

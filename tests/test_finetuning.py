@@ -14,7 +14,7 @@ from lightning.pytorch.callbacks import LearningRateMonitor
 from lightning.pytorch.loggers import TensorBoardLogger
 
 from lightning_template.engine import ExactResume, ResumeCheckpoint
-from lightning_template.engine.cli import TemplateCLI
+from lightning_template.engine.cli import ProjectCLI
 from lightning_template.tasks.classification import (
     FashionMNISTDataModule,
     ResNetClassifier,
@@ -211,7 +211,7 @@ def test_stacked_configs_keep_the_later_finetuning(tmp_path: Path, monkeypatch, 
     for name in ("cat", "dog"):
         (tmp_path / "images" / "train" / name).mkdir(parents=True)
     configs = [f"--config={ROOT / 'configs' / name}" for name in ("resnet_finetune.yaml", "presets/transfer.yaml")]
-    cli = TemplateCLI(args=[*configs, f"--model.weights={resnet_weights}", "--data.root=images"], run=False)
+    cli = ProjectCLI(args=[*configs, f"--model.weights={resnet_weights}", "--data.root=images"], run=False)
     finetuning = [c for c in cli.trainer.callbacks if isinstance(c, TwoStageFinetuning)]
     assert [(c.unfreeze_at_epoch, c.backbone_lr_ratio, c.train_bn) for c in finetuning] == [(2, 1.0, True)]
 

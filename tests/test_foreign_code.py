@@ -13,7 +13,7 @@ import pytest
 from lightning.pytorch.demos.transformer import tokenize
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
-from lightning_template.engine.cli import TemplateCLI
+from lightning_template.engine.cli import ProjectCLI
 from lightning_template.engine.errors import ConfigError
 from lightning_template.tasks.classification.data.fortunes import FORTUNES_DIR
 
@@ -74,7 +74,7 @@ def fit(folder: Path, monkeypatch, args: list[str]) -> list[str]:
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         with contextlib.suppress(SIGTERMException):  # stopped at a step boundary: train.py exits 143 here
-            TemplateCLI(args=["fit", *args])
+            ProjectCLI(args=["fit", *args])
     return [str(w.message) for w in caught if str(w.message).startswith("ExactResume")]
 
 
@@ -108,8 +108,8 @@ def test_a_model_that_logs_nothing_is_told_how_to_train_without_a_metric(tmp_pat
     quick = [*BORING, "--trainer.max_epochs=1", "--trainer.limit_train_batches=2", "--trainer.limit_val_batches=1",
              "--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false"]  # fmt: skip
     with pytest.raises(ConfigError, match=r"it logged nothing\..*--checkpoint.monitor null --early_stopping.monitor"):
-        TemplateCLI(args=["fit", *quick])
+        ProjectCLI(args=["fit", *quick])
     assert not list(tmp_path.glob("logs/*/*/checkpoints/*.ckpt")), "a refused run left a checkpoint to resume from"
-    cli = TemplateCLI(args=["fit", *quick, *UNMONITORED])
+    cli = ProjectCLI(args=["fit", *quick, *UNMONITORED])
     assert cli.trainer.global_step == 2
     assert [p.name for p in tmp_path.glob("logs/boringmodel/*/checkpoints/*.ckpt")] == ["last.ckpt"]

@@ -12,7 +12,7 @@ import torch
 import torchvision
 from PIL import Image
 
-from lightning_template.engine.cli import TemplateCLI, template_error
+from lightning_template.engine.cli import ProjectCLI, project_error
 from lightning_template.tasks.classification import CIFAR10DataModule, ImageFolderDataModule, SimpleCNN
 from lightning_template.tasks.classification.data.files import DatasetNotFoundError
 from lightning_template.tasks.classification.data.idx import read_idx
@@ -101,7 +101,7 @@ def test_augmentation_of_image_folders_is_set_by_flags(image_root: Path, monkeyp
         ImageFolderDataModule(**base, crop_scale=(0.5, 0.2))
     monkeypatch.chdir(image_root)
     with pytest.raises(SystemExit):  # the options of train.py
-        TemplateCLI(args=["fit", "--config", str(ROOT / "configs/resnet_finetune.yaml"), "--data.crop_scale=[0.3, 1]",
+        ProjectCLI(args=["fit", "--config", str(ROOT / "configs/resnet_finetune.yaml"), "--data.crop_scale=[0.3, 1]",
                           "--data.horizontal_flip=false", "--data.augment=true", "--print_config"])  # fmt: skip
     printed = capsys.readouterr().out
     assert "  crop_scale:\n    - 0.3\n    - 1.0\n" in printed and "  horizontal_flip: false\n" in printed
@@ -127,7 +127,7 @@ def test_class_folders_without_images_stop_fit_before_it_trains(image_root: Path
     model = SimpleCNN(num_classes=dm.num_classes, input_shape=(3, 28, 28))
     with pytest.raises(FileNotFoundError, match=rf"{image_root / split}: no images in it or its class folders") as err:
         quick_trainer().fit(model, dm)
-    assert template_error(err.value) is err.value  # printed by train.py as its message alone
+    assert project_error(err.value) is err.value  # printed by train.py as its message alone
     assert model.global_step == 0
 
 

@@ -1,4 +1,4 @@
-"""Every Lightning private attribute the template touches exists in the installed Lightning."""
+"""Every Lightning private attribute the project touches exists in the installed Lightning."""
 
 from __future__ import annotations
 

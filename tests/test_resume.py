@@ -262,7 +262,7 @@ def test_last_checkpoint_holds_the_steps_after_the_last_mid_epoch_validation(tmp
 
 @pytest.mark.slow
 def test_exact_mid_epoch_resume_is_not_called_unresumable(tmp_path: Path, fashion_mnist_dir) -> None:
-    """Lightning's warning about a loader without state_dict is untrue for the template's loaders: silenced for the
+    """Lightning's warning about a loader without state_dict is untrue for the project's loaders: silenced for the
     run, and only for it."""
     with pytest.raises(SystemExit):
         _fit(tmp_path, SignalAtBatch(epoch=0, batch=3, signum=signal.SIGTERM), max_epochs=1)

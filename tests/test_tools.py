@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from lightning_template.engine.cli import TemplateCLI
+from lightning_template.engine.cli import ProjectCLI
 from lightning_template.tasks.classification import FashionMNISTDataModule, ResNetClassifier
 
 from tests.conftest import ONE_EPOCH, ROOT, best_checkpoint, run_cli, save_random_weights
@@ -35,7 +35,7 @@ def test_every_preset_runs_a_few_steps(preset: Path, tmp_path: Path, monkeypatch
         args += ["--trainer.accelerator=cpu", "--trainer.devices=1"]
     if preset.name == "overfit.yaml":
         args += ["--trainer.max_epochs=2"]
-    cli = TemplateCLI(args=args)
+    cli = ProjectCLI(args=args)
     assert cli.trainer.global_step > 0
     if preset.name == "profile_torch.yaml":
         assert list((tmp_path / "logs" / "profile").glob("*trace*"))
@@ -48,7 +48,7 @@ def test_overfit_preset_drives_the_training_loss_to_zero(tmp_path: Path, monkeyp
     configs = ["--config", str(ROOT / "configs/simple_cnn.yaml"), "--config", str(presets / "overfit.yaml")]
     flags = ["--trainer.overfit_batches=2", "--data.batch_size=32", "--trainer.enable_progress_bar=false"]
     flags += ["--test_after_fit=false"]
-    cli = TemplateCLI(args=["fit", *configs, *flags])
+    cli = ProjectCLI(args=["fit", *configs, *flags])
     assert cli.trainer.callback_metrics["train_loss"].item() < 0.01  # stopped by the threshold, not early stopping
     assert cli.trainer.current_epoch < 200
 

@@ -1,4 +1,4 @@
-"""The Lightning CLI of the template, run by `python train.py fit|validate|test|predict --config configs/<job>.yaml`.
+"""The Lightning CLI of the project, run by `python train.py fit|validate|test|predict --config configs/<job>.yaml`.
 
 Any LightningModule and LightningDataModule can be chosen by class path (`--model my_project.MyModel`), those of
 the tasks in `lightning_template/tasks/` also by class name (`--model SimpleCNN --data FashionMNISTDataModule`);
@@ -40,7 +40,7 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 from lightning_template.engine.checkpoint import RunCheckpoint
 from lightning_template.engine.checkpoint_facts import CheckpointFacts
 from lightning_template.engine.console import ParameterSummary, progress_bar, quiet_library_noise
-from lightning_template.engine.errors import ConfigError, MissingFileError, TemplateError
+from lightning_template.engine.errors import ConfigError, MissingFileError, ProjectError
 from lightning_template.engine.finite_loss import FiniteLossGuard
 from lightning_template.engine.lightning_internals import (
     CLIHooks,
@@ -189,10 +189,10 @@ def did_you_mean(message: str, parser: LightningArgumentParser) -> str:
     return f"did you mean {' / '.join(suggestions)}?\n" if suggestions else ""
 
 
-_parsed_args: list[str] = []  # what TemplateCLI is parsing now
+_parsed_args: list[str] = []  # what ProjectCLI is parsing now
 
 
-class TemplateParser(LightningArgumentParser):
+class ProjectParser(LightningArgumentParser):
     def error(self, message: str, ex: Exception | None = None) -> NoReturn:
         """The reason first, with the nearest valid name, instead of argparse's 80-line usage above it."""
         if not self.exit_on_error or os.environ.get("JSONARGPARSE_DEBUG"):  # jsonargparse's raise, unchanged
@@ -204,7 +204,7 @@ class TemplateParser(LightningArgumentParser):
         self.exit(2)
 
 
-class TemplateCLI(CLIHooks):
+class ProjectCLI(CLIHooks):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         import_tasks()
         quiet_library_noise()
@@ -217,7 +217,7 @@ class TemplateCLI(CLIHooks):
                 parser_kwargs.setdefault(subcommand, defaults)
         else:
             parser_kwargs.update({**defaults, **parser_kwargs})
-        kwargs.setdefault("parser_class", TemplateParser)
+        kwargs.setdefault("parser_class", ProjectParser)
         kwargs.setdefault("trainer_defaults", {"callbacks": installed_callbacks()})
         kwargs.setdefault("save_config_callback", SaveConfigToRun)  # next to the checkpoints, and to the tracker
         kwargs.setdefault("save_config_kwargs", {"overwrite": True})  # a rerun in the same folder may rewrite it
@@ -240,7 +240,7 @@ class TemplateCLI(CLIHooks):
             nargs="?",
             const=True,
             default=False,
-            help="Show the Python traceback of an error (otherwise only its message); also TEMPLATE_DEBUG=1.",
+            help="Show the Python traceback of an error (otherwise only its message); also PROJECT_DEBUG=1.",
         )
         parser.add_argument(
             "--test_after_fit",
@@ -532,18 +532,18 @@ def _leaves(namespace: Any) -> dict[str, Any]:
     return {_setting(key): value for key, value in (namespace.items() if namespace is not None else [])}
 
 
-def template_error(error: BaseException) -> TemplateError | None:
-    """The `TemplateError` behind `error`, if any: the error itself or one it was raised from (jsonargparse wraps
+def project_error(error: BaseException) -> ProjectError | None:
+    """The `ProjectError` behind `error`, if any: the error itself or one it was raised from (jsonargparse wraps
     the errors of a model's `__init__` in its own)."""
-    while error is not None and not isinstance(error, TemplateError):
+    while error is not None and not isinstance(error, ProjectError):
         error = error.__cause__
     return error
 
 
 def debug_requested(argv: list[str]) -> bool:
-    """`--debug` / `--debug=true` on the command line, TEMPLATE_DEBUG=1 or PL_<COMMAND>__DEBUG=true."""
+    """`--debug` / `--debug=true` on the command line, PROJECT_DEBUG=1 or PL_<COMMAND>__DEBUG=true."""
     switches = [
-        v for k, v in os.environ.items() if k == "TEMPLATE_DEBUG" or (k.startswith("PL_") and k.endswith("DEBUG"))
+        v for k, v in os.environ.items() if k == "PROJECT_DEBUG" or (k.startswith("PL_") and k.endswith("DEBUG"))
     ]
     if any(value.lower() in ("1", "true", "yes") for value in switches):
         return True
@@ -555,19 +555,19 @@ def debug_requested(argv: list[str]) -> bool:
 
 
 def exit_on_error(run: Callable[[], Any]) -> Any:
-    """Run a command; a `TemplateError` (a problem of the input, with its fix) is printed as its message, without
-    the traceback, and exits 1; any other exception keeps its traceback. `--debug` or TEMPLATE_DEBUG=1 shows it."""
+    """Run a command; a `ProjectError` (a problem of the input, with its fix) is printed as its message, without
+    the traceback, and exits 1; any other exception keeps its traceback. `--debug` or PROJECT_DEBUG=1 shows it."""
     try:
         return run()
     except SIGTERMException:  # stopped by SIGTERM or Ctrl-C after saving last.ckpt: not a success
         sys.exit(128 + signal.SIGTERM)
     except Exception as error:
-        cause = template_error(error)
+        cause = project_error(error)
         if cause is None or debug_requested(sys.argv[1:]):
             raise
-        print(f"\nError: {cause}\n(--debug or TEMPLATE_DEBUG=1 shows the traceback)", file=sys.stderr, flush=True)
+        print(f"\nError: {cause}\n(--debug or PROJECT_DEBUG=1 shows the traceback)", file=sys.stderr, flush=True)
         sys.exit(1)
 
 
 def main() -> None:
-    exit_on_error(TemplateCLI)
+    exit_on_error(ProjectCLI)

@@ -1,29 +1,29 @@
 """The one base class of the errors a user can fix: a file, an option, a checkpoint or data that cannot work.
 
 Its message names what is wrong and the fix. The scripts print such an error as one line, without the traceback
-(`--debug` or TEMPLATE_DEBUG=1 shows it); every other exception keeps its traceback, as a bug should.
+(`--debug` or PROJECT_DEBUG=1 shows it); every other exception keeps its traceback, as a bug should.
 """
 
 
-class TemplateError(Exception):
-    """Base of every error the template raises about its input."""
+class ProjectError(Exception):
+    """Base of every error the project raises about its input."""
 
 
-class ConfigError(TemplateError, ValueError):
+class ConfigError(ProjectError, ValueError):
     """An option, config file, checkpoint or weights file that cannot work as given."""
 
 
-class MissingFileError(TemplateError, FileNotFoundError):
+class MissingFileError(ProjectError, FileNotFoundError):
     """A file or folder that is not where the option says."""
 
 
-class DataError(TemplateError, ValueError):
+class DataError(ProjectError, ValueError):
     """Data files that are not what the datamodule reads: corrupt, empty, mislabelled."""
 
 
-class InterfaceError(TemplateError, TypeError):
-    """A model, datamodule or callback without what the template needs from it (its contract)."""
+class InterfaceError(ProjectError, TypeError):
+    """A model, datamodule or callback without what the project needs from it (its contract)."""
 
 
-class MissingPackageError(TemplateError, ModuleNotFoundError):
+class MissingPackageError(ProjectError, ModuleNotFoundError):
     """An optional package a chosen feature needs; the message gives the install command."""

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 from lightning import Callback, LightningModule, Trainer
 
-from lightning_template.engine.errors import TemplateError
+from lightning_template.engine.errors import ProjectError
 
 ADVICE = (
     "Usual causes:\n"
@@ -28,7 +28,7 @@ ADVICE = (
 )
 
 
-class NonFiniteLossError(TemplateError, FloatingPointError):
+class NonFiniteLossError(ProjectError, FloatingPointError):
     pass
 
 

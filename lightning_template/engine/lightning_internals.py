@@ -1,4 +1,4 @@
-"""Every private attribute of Lightning that the template touches, in one place.
+"""Every private attribute of Lightning that the project touches, in one place.
 
 Lightning's public API has no hook for these; each function says what it is for. They are why `lightning<2.7`
 is pinned: `tests/test_lightning_internals.py` checks each name of `USED` on a real Trainer and fails naming the
@@ -99,7 +99,7 @@ def wrap_train_loader(trainer: Trainer, wrap: Callable[[Any], Any]) -> None:
 
 
 class CLIHooks(LightningCLI):
-    """LightningCLI's private step that the template replaces, under a public name: `apply_checkpoint`, where
+    """LightningCLI's private step that the project replaces, under a public name: `apply_checkpoint`, where
     LightningCLI would read `--ckpt_path`'s hyper-parameters into the model's config (once more)."""
 
     def _parse_ckpt_path(self) -> None:

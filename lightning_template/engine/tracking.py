@@ -1,4 +1,4 @@
-"""One seam between the template and the experiment trackers (TensorBoard, CSV, MLflow, W&B).
+"""One seam between the project and the experiment trackers (TensorBoard, CSV, MLflow, W&B).
 
 - `log_image` / `log_table`: images and tables reach every configured logger, each in its own
   way (TensorBoard images and text, MLflow artifacts, W&B media and tables, PNG/CSV files next

@@ -22,7 +22,7 @@ from lightning import Callback, LightningModule, Trainer
 from lightning.pytorch.cli import LightningArgumentParser
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
-from lightning_template.engine.cli import TemplateCLI, installed_callbacks
+from lightning_template.engine.cli import ProjectCLI, installed_callbacks
 from lightning_template.engine.errors import ConfigError
 from lightning_template.engine.tracking import RUN_ARG, logger_type, run_dir, tracker_runs_of
 
@@ -42,7 +42,7 @@ class Interrupted(Exception):  # not an error: a stop the user asked for
     """The run was stopped by Ctrl-C or SIGTERM after saving its last.ckpt."""
 
 
-class _ParseOnly(TemplateCLI):
+class _ParseOnly(ProjectCLI):
     """Parses and validates like train.py, then stops before building anything."""
 
     def _set_seed(self) -> None:
@@ -53,7 +53,7 @@ class _ParseOnly(TemplateCLI):
 
 
 class _Parsed(Exception):
-    def __init__(self, cli: TemplateCLI) -> None:
+    def __init__(self, cli: ProjectCLI) -> None:
         self.cli = cli
 
 
@@ -211,7 +211,7 @@ def fit(config: RunConfig, callbacks: Sequence[Callback] = ()) -> RunResult:
     fit_config = config.namespace.clone()
     fit_config.ckpt_path = config.ckpt_path
     try:  # the CLI takes the parsed config as it is: only train.py's own checks and adjustments run again
-        cli = TemplateCLI(
+        cli = ProjectCLI(
             args=Namespace(subcommand="fit", fit=fit_config),
             trainer_defaults={"callbacks": installed_callbacks() + list(callbacks)},
         )

@@ -34,7 +34,7 @@ from optuna.storages import RDBStorage
 from optuna.trial import FrozenTrial, TrialState, create_trial
 from optuna_integration import PyTorchLightningPruningCallback
 
-from lightning_template.engine.errors import ConfigError, TemplateError
+from lightning_template.engine.errors import ConfigError, ProjectError
 from lightning_template.search import runs
 from lightning_template.search.space import Param
 
@@ -305,7 +305,7 @@ def _said_in_one_line(error: BaseException) -> bool:
     """Errors the search reports itself: its own refusals, a trial's error of the user's input."""
     if isinstance(error, SearchError):
         return True
-    return isinstance(error, TrialError) and isinstance(error.__cause__, TemplateError)
+    return isinstance(error, TrialError) and isinstance(error.__cause__, ProjectError)
 
 
 def trial_rows(study: optuna.Study) -> list[dict[str, Any]]:

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
-from lightning_template.engine.errors import ConfigError, TemplateError
+from lightning_template.engine.errors import ConfigError, ProjectError
 from lightning_template.tasks.classification.input_spec import (
     center_crop,
     eight_bit,
@@ -37,7 +37,7 @@ MAX_RESIZED_PIXELS = 4_000_000
 EIGHT_BIT_MODES = ("L", "LA", "RGB", "RGBA")
 
 
-class BadInput(TemplateError, ValueError):
+class BadInput(ProjectError, ValueError):
     """A request the server refuses, with the HTTP status and a message for the client."""
 
     def __init__(self, message: str, status: int = 400) -> None:

@@ -1,14 +1,14 @@
 """Training from LitData's chunked format, from a local folder or object storage (s3://, gs://, ...).
 
 For data that does not fit in RAM or on the local disk, or that several nodes read: `convert.py`
-writes any of the template's datasets as LitData chunks (`<dir>/{train,val,test}/` plus
+writes any of the project's datasets as LitData chunks (`<dir>/{train,val,test}/` plus
 `dataset.json`, written last); these datamodules stream them with the same models and configs.
 
 - Training uses LitData's `StreamingDataset` + `StreamingDataLoader`: shuffled chunk by chunk (a
   function of seed and epoch), sharded across DDP ranks and nodes by LitData, and placed at the
   Trainer's position at each epoch start (`streaming_loader.py`), so a resumed run continues exactly.
   Under DDP LitData drops the last samples that do not fill a batch on every rank.
-- Evaluation reads the chunks by index, with the template's samplers: under DDP every validation
+- Evaluation reads the chunks by index, with the project's samplers: under DDP every validation
   and test sample is evaluated exactly once, and `predict` names its rows `test[i]`.
 - Images arrive as uint8 (decoded in the workers when stored encoded) and are cropped (flipped with
   `augment`) and normalized in batches on the device, as the in-memory datamodules do.
@@ -130,7 +130,7 @@ def read_metadata(location: str, storage_options: dict[str, Any] | None = None) 
 def check_format(metadata: dict[str, Any], source: str) -> None:
     if metadata.get("format") != FORMAT_VERSION:
         raise StreamingDataError(
-            f"{source}: format {metadata.get('format')}, this template reads {FORMAT_VERSION}. Run convert.py again."
+            f"{source}: format {metadata.get('format')}, this project reads {FORMAT_VERSION}. Run convert.py again."
         )
 
 
@@ -184,7 +184,7 @@ def text_sample(sample: dict[str, Any]) -> tuple[list[int], int]:
 
 
 class IndexedSplit(Dataset):
-    """A converted split read by index (for evaluation with the template's samplers)."""
+    """A converted split read by index (for evaluation with the project's samplers)."""
 
     def __init__(self, dataset: Any, size: int, to_sample: Any) -> None:
         # `size` from dataset.json: under DDP, len(StreamingDataset) is the rank's shard, not the split.

@@ -1,4 +1,4 @@
-"""Lightning's BatchSizeFinder, fitted to this template's runs (configs/presets/batch_size_finder.yaml)."""
+"""Lightning's BatchSizeFinder, fitted to this project's runs (configs/presets/batch_size_finder.yaml)."""
 
 from __future__ import annotations
 

@@ -43,7 +43,7 @@ def test_gpu_script_without_cuda_says_so_and_measures_nothing(tmp_path: Path) ->
     # Lightning takes seconds on an idle machine and minutes on a loaded one: the limit leaves room for both.
     run = subprocess.run(
         ["bash", str(ROOT / "benchmarks/gpu.sh"), "--out", str(tmp_path)],
-        env=os.environ | {"CUDA_VISIBLE_DEVICES": "", "TEMPLATE_PYTHON": sys.executable},
+        env=os.environ | {"CUDA_VISIBLE_DEVICES": "", "PROJECT_PYTHON": sys.executable},
         capture_output=True,
         text=True,
         timeout=600,

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from lightning_template.engine.cli import TemplateCLI
+from lightning_template.engine.cli import ProjectCLI
 
 from tests.conftest import QUICK, ROOT
 
@@ -20,7 +20,7 @@ def test_batch_size_finder_grows_the_batch_for_fit_and_a_resumed_run_keeps_it(tm
     preset = ["--config", str(ROOT / "configs/presets/batch_size_finder.yaml")]
     flags = [*QUICK, "--trainer.callbacks.init_args.max_trials=2", "--data.batch_size=16", "--test_after_fit=true"]
     flags += ["--trainer.limit_train_batches=1.0", "--data.train_samples_per_class=16"]  # 10 batches of 16, 5 of 32
-    cli = TemplateCLI(args=["fit", *JOB, *preset, *flags, "--trainer.max_epochs=1"])
+    cli = ProjectCLI(args=["fit", *JOB, *preset, *flags, "--trainer.max_epochs=1"])
     assert cli.datamodule.batch_size == 32
     # The cosine schedule was rebuilt for 5 steps an epoch, not the 10 of the configured size: it ends at 0.
     assert cli.trainer.global_step == 5
@@ -30,7 +30,7 @@ def test_batch_size_finder_grows_the_batch_for_fit_and_a_resumed_run_keeps_it(tm
     checkpoint = torch.load(last, weights_only=True)
     assert checkpoint["callbacks"]["FitBatchSizeFinder"] == {"found": 32}
     assert checkpoint["callbacks"]["ExactResume"]["batch_size"] == 32  # what training ran with
-    resumed = TemplateCLI(args=["fit", *JOB, *preset, *flags, "--trainer.max_epochs=2", f"--ckpt_path={last}"])
+    resumed = ProjectCLI(args=["fit", *JOB, *preset, *flags, "--trainer.max_epochs=2", f"--ckpt_path={last}"])
     assert resumed.trainer.current_epoch == 2 and resumed.trainer.global_step == 10
     resumed_last = Path(resumed.trainer.checkpoint_callbacks[-1].dirpath) / "last.ckpt"
     assert resumed_last != last and resumed_last.is_file()

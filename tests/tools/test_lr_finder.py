@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from lightning_template.engine.cli import TemplateCLI
+from lightning_template.engine.cli import ProjectCLI
 
 from tests.conftest import ONE_EPOCH, ROOT
 
@@ -18,7 +18,7 @@ def test_lr_finder_with_fewer_batches_than_sweep_steps_sweeps_those(
     monkeypatch.chdir(tmp_path)
     configs = [f"--config={ROOT / 'configs' / name}" for name in ("simple_cnn.yaml", "presets/lr_find.yaml")]
     flags = ["--trainer.callbacks.init_args.num_training_steps=40", "--trainer.limit_train_batches=20"]
-    cli = TemplateCLI(args=["fit", *configs, *ONE_EPOCH, *flags, "--trainer.logger=false"])
+    cli = ProjectCLI(args=["fit", *configs, *ONE_EPOCH, *flags, "--trainer.logger=false"])
     finder = next(c for c in cli.trainer.callbacks if type(c).__name__ == "LRFinder")
     assert len(finder.optimal_lr.results["lr"]) == 20
     log = caplog.text

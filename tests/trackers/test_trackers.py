@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from lightning_template.engine.cli import TemplateCLI
+from lightning_template.engine.cli import ProjectCLI
 
 from tests.conftest import QUICK, ROOT
 
@@ -22,7 +22,7 @@ def fit(tmp_path: Path, preset: str, *extra: str) -> None:
     """`train.py fit` in this process, from `tmp_path`."""
     os.chdir(tmp_path)
     try:
-        TemplateCLI(args=["fit", "--config", JOB, "--config", str(PRESETS / preset), *QUICK, "--trainer.max_epochs=1",
+        ProjectCLI(args=["fit", "--config", JOB, "--config", str(PRESETS / preset), *QUICK, "--trainer.max_epochs=1",
                           "--test_after_fit=false", *extra])  # fmt: skip
     finally:
         if "wandb" in sys.modules:  # close the W&B run, or the next run in this process would join it
@@ -94,6 +94,6 @@ def test_each_mlflow_run_of_a_job_has_its_own_name(tmp_path: Path, monkeypatch) 
     args = ["--config", JOB, "--config", str(PRESETS / "mlflow.yaml"), "--seed_everything=42"]
     names = set()
     for _ in range(2):  # each run created right after its seeding, as in `train.py fit`
-        logger = TemplateCLI(args=args, run=False).trainer.logger
+        logger = ProjectCLI(args=args, run=False).trainer.logger
         names.add(logger.experiment.get_run(logger.run_id).info.run_name)
     assert len(names) == 2, names

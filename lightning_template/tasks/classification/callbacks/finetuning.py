@@ -1,6 +1,6 @@
 """Two-stage fine-tuning: train the classifier on a frozen network, then unfreeze the rest.
 
-Works with any model of this template: it freezes everything but the network's
+Works with any model of this project: it freezes everything but the network's
 `get_classifier()` (the seam of `models/seam.py`'s `ClassifierNet`), so a ResNet from ImageNet weights,
  a ViT or a SimpleCNN from an earlier run's checkpoint are fine-tuned the same way.
 Stage 1 only makes sense on trained features: a model without `--model.weights` is refused.

@@ -1,4 +1,4 @@
-"""What a datamodule of this template exposes, and what train.py links from it into the model.
+"""What a datamodule of this project exposes, and what train.py links from it into the model.
 
 Every datamodule is a `ClassificationData`; image datamodules add `input_shape`, text
 datamodules `vocab_size`, `pad_id` and `max_length`. Each of these is available right after

@@ -77,7 +77,7 @@ class ClassificationModule(LightningModule):
             step_epochs: Epochs between learning-rate drops of the `step` schedule.
             step_gamma: Factor of each drop of the `step` schedule.
             label_smoothing: Cross-entropy label smoothing.
-            weights: Start from trained weights: a state dict or a checkpoint of any run of this template
+            weights: Start from trained weights: a state dict or a checkpoint of any run of this project
                 (everything but the classifier is loaded; the input conv is adapted to the channel count).
             compile: Compile the network (`self.net`, not the LightningModule) with torch.compile.
             channels_last: Store conv weights and image batches NHWC (faster convolutions on recent GPUs).

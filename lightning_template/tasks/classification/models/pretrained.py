@@ -2,7 +2,7 @@
 
 A weights file is a plain state dict (`torch.save(net.state_dict())`, torchvision's
 `resnet18-f37072fd.pth`, an exported `net_state_dict.pt`) or a checkpoint of any run of
-this template. Everything but the classifier is loaded strictly; the classifier keeps the
+this project. Everything but the classifier is loaded strictly; the classifier keeps the
 fresh initialization the model was built with for its own classes (what `reset_classifier`
 gives an existing network). A first convolution trained on another number of
 input channels is adapted (`adapt_input_conv`), so a grayscale checkpoint serves RGB data
@@ -42,7 +42,7 @@ def adapt_input_conv(weight: torch.Tensor, in_channels: int) -> torch.Tensor:
 
 
 def read_state_dict(path: Path) -> dict[str, torch.Tensor]:
-    """The network's tensors from a state dict or from a checkpoint of this template (keys `net.*`)."""
+    """The network's tensors from a state dict or from a checkpoint of this project (keys `net.*`)."""
     if not path.is_file():
         raise WeightsError(f"--model.weights {path}: file not found. Give a state dict (.pth, .pt) or a checkpoint.")
     try:

@@ -87,7 +87,7 @@ class ResNetClassifier(ClassificationModule):
             head_dropout: Dropout before the new classifier.
             weights: Start from trained weights: a torchvision weights name of `arch` (DEFAULT, IMAGENET1K_V1;
                 downloaded, needs a network), torchvision's .pth file, a state dict or a checkpoint of any run of
-                this template (everything but the classifier is loaded; conv1 is adapted to the channel count).
+                this project (everything but the classifier is loaded; conv1 is adapted to the channel count).
             **kwargs: Optimizer and schedule settings of `ClassificationModule`.
         """
         # `weights` is declared here, not left to **kwargs: its help (--model.help) must name what ResNet accepts.

@@ -1,4 +1,4 @@
-"""The one seam every network of this template has (timm's model interface).
+"""The one seam every network of this project has (timm's model interface).
 
     inputs -> forward_features -> features -> forward_head -> logits
                                                   (pre_logits=True stops before the classifier)
