@@ -1,6 +1,6 @@
 # Set-up is part of every target: a fresh clone needs only `make train` or `make test`. Each target installs the
 # dependency groups of pyproject.toml it needs, once: `make train` the core alone; `make test` adds `test`,
-# `make lint` adds `lint`, `make docs` adds `docs`, and each extra's targets their own group.
+# `make lint` adds `lint`, `make docs` adds `docs`.
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -79,7 +79,7 @@ test: $(VENV)/.installed-test
 test-all: $(VENV)/.installed-test
 	$(BIN)/python -m pytest
 
-# One folder of tests: make test-NAME runs tests/NAME/ (an extra's tests).
+# One folder of tests: make test-NAME runs tests/NAME/.
 test-%: $(VENV)/.installed-test
 	$(BIN)/python -m pytest tests/$*
 

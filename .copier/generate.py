@@ -58,7 +58,11 @@ DATA_JOBS = {
 }
 TITLE = "Lightning project template"  # the template's name in README.md, docs/index.md, mkdocs.yml, pyproject.toml
 # Pages of figures measured on the template: a project's copy says so at its top.
-MEASURED = ("docs/results.md", "docs/benchmarks.md")
+MEASURED = tuple(
+    f"docs/{page}.md"
+    for page in ("results", "benchmarks", "reliability", "finetuning", "transformer", "scaling", "tools", "experiments",
+                 "serving", "language_model")
+)  # fmt: skip
 MEASURED_NOTE = (
     "The figures on this page were measured on the Lightning project template this project was made from, not on"
     " the project itself: each comes with its command, to measure this project's own."
@@ -303,13 +307,20 @@ def refuse_to_remove_the_owners_files(root: Path, gone: list[str], theirs: list[
     )
 
 
-def report_conflicts(root: Path) -> None:
-    """After `copier update`: the files where the owner's lines and the template's met, and how to finish."""
+def report_update(root: Path) -> None:
+    """After `copier update`: the extras it removed or added, the files where the owner's lines and the template's
+    met, and how to finish."""
+    before = set((yaml.safe_load(committed(root, ANSWERS) or "") or {}).get("extras") or [])
+    after = set((yaml.safe_load((root / ANSWERS).read_text(encoding="utf-8")) or {}).get("extras") or [])
+    for verb, names in (("removed", before - after), ("added", after - before)):
+        if names:
+            print(f"copier update: {verb} the extras {', '.join(sorted(names))} (`git status` lists their files).")
     unmerged = sorted(set(git(root, "diff", "--name-only", "--diff-filter=U", check=False).stdout.split()))
     rejected = sorted(str(p.relative_to(root)) for p in root.rglob("*.rej") if ".git" not in p.parts)
     if unmerged:
+        files = "1 file has" if len(unmerged) == 1 else f"{len(unmerged)} files have"
         print(
-            f"copier update: {len(unmerged)} files have lines that you and the template both changed:\n"
+            f"copier update: {files} lines that you and the template both changed:\n"
             + "\n".join(f"  {path}" for path in unmerged)
             + "\nIn each, keep what you want between `<<<<<<< before updating` and `>>>>>>> after updating` (your"
             " lines, then the template's), delete the markers, then `git add` the files and commit.",
@@ -340,7 +351,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     root = Path.cwd()
     if args.after_update:
-        report_conflicts(root)
+        report_update(root)
         return
     reserved = reserved_names(args.template)
     check_project_name(args.name, args.slug, reserved)

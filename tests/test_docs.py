@@ -149,3 +149,17 @@ def test_strip_extra_blocks() -> None:
     for unbalanced in ("<!-- extra:search -->\nb\n", "b\n# /extra:search\n", "# extra:a\n# /extra:b\n"):
         with pytest.raises(ValueError):
             strip_extra_blocks(unbalanced, {"search"})
+
+
+def test_no_marker_sits_in_a_code_block_where_the_site_would_show_it() -> None:
+    for path in doc_paths(ROOT):
+        fenced = False
+        for number, line in enumerate(path.read_text().splitlines(), start=1):
+            fenced ^= line.lstrip().startswith("```")
+            assert not (fenced and marker(line)), f"{path.relative_to(ROOT)}:{number}: a marker inside a code block"
+
+
+def test_the_main_job_quoted_in_the_docs_is_the_config_file() -> None:
+    job = (ROOT / "configs/simple_cnn.yaml").read_text().splitlines()
+    body = "\n".join(re.sub(r"\s+#.*$", "", line) for line in job if not line.startswith("#")).strip()
+    assert f"```yaml\n{body}\n```" in (ROOT / "docs/configs.md").read_text()

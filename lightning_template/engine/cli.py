@@ -352,7 +352,7 @@ class ProjectCLI(CLIHooks):
         """The model settings that this command sets on top of its job config (the first config file outside
         presets/), configs/defaults.yaml and the model class's defaults: by flags, stacked configs or the
         environment."""
-        if not self._given:  # given a parsed config (multirun, tune): it is the job
+        if not self._given:  # given a parsed config (a script running jobs): it is the job
             return []
         config = self.config[subcommand]
         job = [str(p) for p in config.get("config") or [] if Path(str(p)).parent.name != "presets"][:1]

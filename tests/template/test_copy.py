@@ -207,6 +207,8 @@ def removed_mentions(removed: set[str]) -> set[str]:
         for path in EXTRAS[extra]:
             if "." not in Path(path).name:  # a folder: by its path, with its slash (not the word "benchmarks")
                 words.add(f"{path}/")
+                if path.startswith("lightning_template/"):  # and a package: by its module's name
+                    words.add(path.replace("/", "."))
                 continue
             words.add(path)
             if not path.startswith("configs/presets/"):

@@ -130,6 +130,7 @@ def test_removing_an_extra_the_owner_left_alone_removes_it(template: Path, tmp_p
     project = committed_project(template, tmp_path / "project", {"project_name": "Leaf", "extras": ["serving"]})
     status, output = update(project, "-d", "extras=[]")
     assert status == 0, output[-3000:]
+    assert "copier update: removed the extras serving (`git status` lists their files)." in output
     for path in ("serve.py", "export.py", "leaf/serving", "tests/serving", "docs/serving.md", "Dockerfile"):
         assert not (project / path).exists(), path
     assert "make serve" not in (project / "Makefile").read_text()
@@ -148,7 +149,7 @@ def test_a_line_changed_by_both_the_owner_and_the_template_is_named_with_the_way
 
     status, output = update(project)
     assert status == 0, output[-3000:]
-    assert "1 files have lines that you and the template both changed:\n  configs/simple_cnn.yaml\n" in output
+    assert "1 file has lines that you and the template both changed:\n  configs/simple_cnn.yaml\n" in output
     assert "`git add` the files and commit" in output
     assert "UU configs/simple_cnn.yaml" in git("status", "--porcelain", cwd=project)
     text = (project / "configs/simple_cnn.yaml").read_text()
