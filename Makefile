@@ -51,7 +51,7 @@ data: install
 # (configs/resnet_finetune.yaml reads data/images/), Fashion-MNIST otherwise.
 JOB_DATA := $(if $(findstring transformer_text,$(CONFIG)),text-data,$(if $(findstring resnet_finetune,$(CONFIG)),install,data))
 # extra:language_model
-JOB_DATA := $(if $(findstring language_model,$(CONFIG)),fortunes,$(JOB_DATA))
+JOB_DATA := $(if $(findstring language_model,$(CONFIG)),fortunes $(VENV)/.installed-lm,$(JOB_DATA))
 # /extra:language_model
 TRAIN_DATA ?= $(JOB_DATA)
 train: $(TRAIN_DATA)

@@ -15,6 +15,7 @@ from lightning_template.engine.cli import main
 from lightning_template.tasks.language_model.baseline import ngram_cross_entropy
 from lightning_template.tasks.language_model.data import CharVocabulary, FortunesDataModule, split_entries
 from lightning_template.tasks.language_model.model import DecoderNet
+from lightning_template.tasks.language_model.vocabulary import BPEVocabulary, vocabulary_from_state
 
 from tests.conftest import ROOT, train_process
 
@@ -132,3 +133,32 @@ def test_prompts_come_back_as_written_and_an_empty_prompts_file_is_refused(train
     output = _predict(trained, f"--data.prompts_file={prompts}", expect=1)
     assert f"Error: --data.prompts_file {prompts}: the file is empty; write one prompt per line." in output
     assert not (trained / "generated.csv").exists()  # the earlier run's file does not pass for this one's
+
+
+def test_a_bpe_vocabulary_round_trips_counts_characters_and_lives_in_a_checkpoint() -> None:
+    entries = FortunesDataModule().splits["train"][:400]
+    vocabulary = BPEVocabulary.train(entries, size=300)
+    assert len(vocabulary) == 300 and vocabulary.tokens[:2] == ["<eos>", "<unk>"]
+    text = "Café au lait: the fortune ☕"  # bytes the training text never had encode all the same
+    assert vocabulary.decode(vocabulary.encode(text)) == text and not vocabulary.unknown(text)
+    stream = vocabulary.stream(["ab cd", "ef"])
+    assert stream.tolist()[-1] == vocabulary.eos_id and vocabulary.characters(stream) == len("ab cd") + len("ef") + 2
+    assert len(stream) < 9  # subwords: fewer tokens than characters
+    again = vocabulary_from_state(vocabulary.state())
+    assert again.encode(text) == vocabulary.encode(text) and again.tokens == vocabulary.tokens
+    chars = CharVocabulary.build(entries, min_count=1)
+    assert vocabulary_from_state(chars.state()).tokens == chars.tokens
+    assert vocabulary_from_state({"tokens": chars.tokens, "context": 64}).tokens == chars.tokens  # before tokenizers
+
+
+@pytest.mark.slow
+def test_the_job_with_bpe_reports_bits_per_character_and_generates_text(tmp_path: Path) -> None:
+    done = train_process(["fit", JOB, *TINY, "--data.tokenizer=bpe", "--data.bpe_vocab=300"], tmp_path)
+    assert "val_bpc" in done.stdout and "test_bpc:" in done.stdout
+    rows = _generate(tmp_path, f"--data.prompts_file={_write(tmp_path / 'p.txt', 'Café ☕')}")
+    assert rows[0]["prompt"] == "Café ☕" and rows[0]["generated"]
+
+
+def _write(path: Path, text: str) -> Path:
+    path.write_text(text + "\n", encoding="utf-8")
+    return path

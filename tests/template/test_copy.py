@@ -50,11 +50,6 @@ FULL = {
     "data": "text_files",
 }  # fmt: skip
 CASES = {"core": (CORE, "zeta_vision", "zeta-vision"), "full": (FULL, "acme_imaging_experiments", "acme-research")}
-# Optional-dependency groups each case keeps (the trackers' stay with the core: its logger check names them).
-GROUPS = {
-    "core": {"mlflow", "mlflow-ui", "wandb", "docs", "lint", "test", "dev"},
-    "full": {"export", "tune", "mlflow", "mlflow-ui", "wandb", "serve", "stream", "docs", "lint", "test", "dev"},
-}
 
 
 @pytest.fixture(scope="session")

@@ -1,11 +1,12 @@
-"""Text for a character-level language model: every fortune cookie of Debian's `fortunes` (15,000 entries, 2.5 M
-characters of quotations, jokes, poems and ASCII art), or any folder of text files in the same format.
+"""Text for a language model: every fortune cookie of Debian's `fortunes` (15,000 entries, 2.5 M characters of
+quotations, jokes, poems and ASCII art), or any folder of text files in the same format.
 
     apt-get install fortunes
 
 Entries are split, not characters: a seeded 90/5/5 shuffle of whole entries into train, validation and test, so a
-held-out fortune was never seen in part. The vocabulary is the training text's characters (those seen at least
-`min_count` times; the rest read as <unk>), plus <eos>, which ends every entry. Training and evaluation read the
+held-out fortune was never seen in part. The vocabulary (vocabulary.py) is learned from the training text: its
+characters (those seen at least `min_count` times; the rest read as <unk>), or byte-level BPE subwords, plus <eos>,
+which ends every entry. Training and evaluation read the
 entries of a split as one stream of token ids, cut into windows of `context` tokens; the model predicts each
 token from the ones before it in its window. `predict` generates text from prompts: lines of `prompts_file`, or
 the openings of held-out (test) entries.
@@ -14,17 +15,20 @@ the openings of held-out (test) entries.
 from __future__ import annotations
 
 import random
-from collections import Counter
-from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, Literal, NamedTuple
 
 import torch
 from lightning import LightningDataModule
 from lightning.pytorch.utilities import rank_zero_warn
 from torch.utils.data import DataLoader, Dataset
 
-from lightning_template.engine.errors import ConfigError, DataError, MissingFileError
+from lightning_template.engine.errors import DataError, MissingFileError
+from lightning_template.tasks.language_model.vocabulary import (
+    BPEVocabulary,
+    CharVocabulary,
+    vocabulary_from_state,
+)
 
 FORTUNES_DIR = "/usr/share/games/fortunes"
 
@@ -52,34 +56,6 @@ def split_entries(entries: list[str], held_out: float, seed: int) -> dict[str, l
     size = round(held_out * len(entries))
     parts = {"val": order[:size], "test": order[size : 2 * size], "train": order[2 * size :]}
     return {split: [entries[i] for i in indices] for split, indices in parts.items()}
-
-
-class CharVocabulary:
-    EOS, UNK = "<eos>", "<unk>"
-    eos_id, unk_id = 0, 1
-
-    def __init__(self, chars: Sequence[str]) -> None:
-        self.tokens = [self.EOS, self.UNK, *chars]
-        self.ids = {char: i for i, char in enumerate(self.tokens)}
-
-    @classmethod
-    def build(cls, texts: Sequence[str], min_count: int) -> CharVocabulary:
-        counts = Counter(char for text in texts for char in text)
-        return cls(sorted(char for char, count in counts.items() if count >= min_count))
-
-    def encode(self, text: str) -> list[int]:
-        return [self.ids.get(char, self.unk_id) for char in text]
-
-    def decode(self, ids: Sequence[int]) -> str:
-        return "".join(self.tokens[i] if i > self.unk_id else ("\ufffd" if i == self.unk_id else "") for i in ids)
-
-    def stream(self, entries: Sequence[str]) -> torch.Tensor:
-        """The entries as one tensor of ids, each followed by <eos>."""
-        ids = [i for entry in entries for i in (*self.encode(entry), self.eos_id)]
-        return torch.tensor(ids, dtype=torch.long)
-
-    def __len__(self) -> int:
-        return len(self.tokens)
 
 
 class TokenWindows(Dataset):
@@ -129,6 +105,8 @@ class FortunesDataModule(LightningDataModule):
         held_out: float = 0.05,
         split_seed: int = 0,
         min_count: int = 5,
+        tokenizer: Literal["chars", "bpe"] = "chars",
+        bpe_vocab: int = 1024,
         num_workers: int = 0,
         prompts_file: str | None = None,
         num_prompts: int = 8,
@@ -142,7 +120,10 @@ class FortunesDataModule(LightningDataModule):
             batch_size: Windows per batch on each device.
             held_out: Share of the entries that validate, and as many that test.
             split_seed: Seed of the split of entries.
-            min_count: Characters rarer than this in the training text read as <unk>.
+            min_count: Characters rarer than this in the training text read as <unk> (`chars`).
+            tokenizer: `chars`: a token per character; `bpe`: byte-level BPE subwords (HF tokenizers, the `lm`
+                group), a few characters each. Either is learned from the training text.
+            bpe_vocab: Tokens of the BPE vocabulary (`bpe`).
             num_workers: DataLoader workers; 0 is fastest for windows of an in-memory stream.
             prompts_file: `predict` continues each line of this file (an empty line starts a new fortune); without
                 it, the openings of held-out test entries.
@@ -153,9 +134,11 @@ class FortunesDataModule(LightningDataModule):
         self.save_hyperparameters()
         self.corpus_dir, self.context, self.batch_size = Path(corpus_dir), context, batch_size
         self.held_out, self.split_seed, self.min_count, self.num_workers = held_out, split_seed, min_count, num_workers
+        self.tokenizer, self.bpe_vocab = tokenizer, bpe_vocab
         self.prompts_file, self.num_prompts, self.prompt_length = prompts_file, num_prompts, prompt_length
         self._splits: dict[str, list[str]] | None = None
         self._vocabulary: CharVocabulary | None = None  # from the training text, or from a checkpoint
+        self._characters_per_token: dict[str, float] = {}
         self.datasets: dict[str, Dataset] = {}
 
     @property
@@ -166,9 +149,20 @@ class FortunesDataModule(LightningDataModule):
 
     @property
     def vocabulary(self) -> CharVocabulary:
-        if self._vocabulary is None:
+        if self._vocabulary is None and self.tokenizer == "bpe":
+            self._vocabulary = BPEVocabulary.train(self.splits["train"], self.bpe_vocab)
+        elif self._vocabulary is None:
             self._vocabulary = CharVocabulary.build(self.splits["train"], self.min_count)
         return self._vocabulary
+
+    def characters_per_token(self, split: str) -> float:
+        """Characters per target token of the split's windows (1 for characters): bits per token over it are bits
+        per character, the n-gram baseline's measure."""
+        if split not in self._characters_per_token:
+            windows = self.datasets[split]
+            targets = windows.stream[1 : len(windows) * windows.context + 1]
+            self._characters_per_token[split] = self.vocabulary.characters(targets) / len(targets)
+        return self._characters_per_token[split]
 
     # Facts linked into the model (engine/cli.py: DATA_FACTS).
     @property
@@ -181,19 +175,16 @@ class FortunesDataModule(LightningDataModule):
 
     def state_dict(self) -> dict[str, Any]:
         """What the model was trained with (its vocabulary and context): a checkpoint alone then generates."""
-        return {"tokens": self.vocabulary.tokens, "context": self.context}
+        return {**self.vocabulary.state(), "context": self.context}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        tokens = list(state_dict["tokens"])
-        if tokens[:2] != [CharVocabulary.EOS, CharVocabulary.UNK]:
-            raise ConfigError("The checkpoint's vocabulary does not start with <eos>, <unk>: not this datamodule's.")
-        self._vocabulary = CharVocabulary(tokens[2:])
+        self._vocabulary = vocabulary_from_state(state_dict)
         self.context = int(state_dict["context"])
 
     def setup(self, stage: str) -> None:
         if stage == "predict":
             prompts = self.prompts()
-            if unknown := sorted({char for text in prompts for char in text} - self.vocabulary.ids.keys()):
+            if unknown := sorted(set().union(*(self.vocabulary.unknown(text) for text in prompts))):
                 rank_zero_warn(
                     f"The prompts hold {len(unknown)} characters the model never saw in training, read as <unk>:"
                     f" {''.join(unknown)!r} (the predictions CSV keeps the prompts as written)."

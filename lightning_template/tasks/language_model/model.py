@@ -125,10 +125,18 @@ class LanguageModel(LightningModule):
         self.log(f"{stage}_loss", metric, prog_bar=True)
 
     def on_validation_epoch_end(self) -> None:
-        self.log("val_bpt", self.val_loss.compute() / LN2)
+        self._log_bits("val")
 
     def on_test_epoch_end(self) -> None:
-        self.log("test_bpt", self.test_loss.compute() / LN2)
+        self._log_bits("test")
+
+    def _log_bits(self, split: str) -> None:
+        """Bits per token, and per character where the datamodule counts them (the n-gram baseline's measure)."""
+        bits = getattr(self, f"{split}_loss").compute() / LN2
+        self.log(f"{split}_bpt", bits)
+        per_token = getattr(self.trainer.datamodule, "characters_per_token", None)
+        if per_token is not None:
+            self.log(f"{split}_bpc", bits / per_token(split))
 
     def validation_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> None:
         self._evaluate(batch, "val")
