@@ -13,7 +13,7 @@ import yaml
 from lightning.pytorch.callbacks import LearningRateMonitor
 
 from lightning_template.engine import ExactResume, FiniteLossGuard, ResumeCheckpoint
-from lightning_template.engine.cli import DATA_FACTS, ProjectCLI
+from lightning_template.engine.cli import DATA_FACTS, ProjectCLI, main
 from lightning_template.engine.monitor import EarlyStop
 from lightning_template.tasks.classification import SimpleCNN
 
@@ -155,7 +155,7 @@ def test_a_config_of_model_and_data_alone_resumes_exactly(tmp_path: Path, monkey
 @pytest.mark.slow
 def test_any_torch_optimizer_from_the_command_line_or_a_yaml(tmp_path: Path, monkeypatch, fashion_mnist_dir) -> None:
     monkeypatch.chdir(tmp_path)
-    weights = save_random_weights(SimpleCNN, tmp_path / "cnn.pt", pool="each", batch_norm=True)  # the main job's net
+    weights = save_random_weights(SimpleCNN, tmp_path / "cnn.pt", pool="early", batch_norm=True)  # the main job's net
     quick = ["--trainer.max_epochs=1", "--trainer.limit_train_batches=2", "--trainer.limit_val_batches=1",
              "--trainer.enable_progress_bar=false", "--test_after_fit=false", f"--model.weights={weights}"]  # fmt: skip
     transfer = [
@@ -252,7 +252,8 @@ def test_resume_refuses_another_models_checkpoint_and_flags_it_would_override(
     with pytest.raises(ValueError) as refused:
         ProjectCLI(args=[*cnn, f"--ckpt_path={last}", *flags, *tiny, "--trainer.max_epochs=2"])
     message = str(refused.value)
-    assert "--model.optimizer.lr 0.5 (checkpoint: 0.003)" in message
+    job_lr = yaml.safe_load((ROOT / "configs/simple_cnn.yaml").read_text())["model"]["init_args"]["optimizer"]
+    assert f"--model.optimizer.lr 0.5 (checkpoint: {job_lr['init_args']['lr']})" in message
     assert "--model.dropout 0.4 (checkpoint: 0.1)" in message
     assert "hidden" not in message
     # The same value from a stacked config or from the environment is refused the same way.
@@ -313,3 +314,15 @@ def test_model_help_says_what_each_model_accepts_as_weights(capsys) -> None:
     help_text = " ".join(capsys.readouterr().out.split())
     weights = help_text[help_text.index("--model.weights WEIGHTS Start") :][:300]
     assert "torchvision weights name" in weights and "DEFAULT, IMAGENET1K_V1" in weights
+
+
+def test_turning_checkpointing_off_is_refused_in_one_line_with_the_option_that_does_what_is_meant(monkeypatch, capsys):
+    monkeypatch.setattr(sys, "argv", ["train.py", "fit", "--config", str(ROOT / "configs/simple_cnn.yaml"),
+                                      "--trainer.enable_checkpointing=false"])  # fmt: skip
+    with pytest.raises(SystemExit) as exit_:
+        main()
+    err = capsys.readouterr().err
+    assert exit_.value.code == 1 and "Traceback" not in err
+    assert (
+        "--trainer.enable_checkpointing false: every run writes last.ckpt" in err and "--checkpoint.monitor null" in err
+    )

@@ -264,6 +264,11 @@ class ProjectCLI(CLIHooks):
         if experiment_arg and logger_args.get(experiment_arg) in (None, "", "lightning_logs"):
             logger_args[experiment_arg] = run_name(config)  # the job's name, whatever the tracker
         name_new_run(logger_class, logger_args)
+        if config.trainer.get("enable_checkpointing") is False:  # Lightning would refuse last.ckpt's callback
+            raise ConfigError(
+                "--trainer.enable_checkpointing false: every run writes last.ckpt (its exact resume). Leave it on;"
+                " --checkpoint.monitor null leaves out the best-epoch checkpoint."
+            )
         model_args = getattr(config.get("model"), "init_args", None)
         if model_args is not None and "schedule" in model_args:
             trainer = config.trainer
@@ -282,17 +287,21 @@ class ProjectCLI(CLIHooks):
             config.ckpt_path = None
             return None
         config.ckpt_path = str(found.path)
-        logger = config.trainer.get("logger")
-        logger_class = logger_type(logger)
-        folder = _experiment_folder(config)
-        # <folder>/<run>/checkpoints/<file>: a checkpoint of one of this experiment's runs
-        ours = folder is not None and folder.resolve() in found.path.resolve().parents[2:3]
-        if subcommand == "fit" and logger_class in RUN_ARG and ours and can_continue(logger_class, found.tracker_runs):
-            run_id = found.tracker_runs.get(logger_class) or found.path.parent.parent.name
-            logger.init_args[RUN_ARG[logger_class]] = run_id
         if subcommand == "fit":  # the other commands load it: Lightning says so
+            self._continue_its_run(config, found)
             rank_zero_info(f"Resuming from {config.ckpt_path}")
         return found
+
+    @staticmethod
+    def _continue_its_run(config: Any, found: RunCheckpoint) -> None:
+        """A checkpoint of one of this experiment's runs (<folder>/<run>/checkpoints/<file>) continues that run."""
+        logger = config.trainer.get("logger")
+        logger_class = logger_type(logger)
+        if logger_class not in RUN_ARG or not can_continue(logger_class, found.tracker_runs):
+            return
+        folder = _experiment_folder(config)
+        if folder is not None and folder.resolve() in found.path.resolve().parents[2:3]:
+            logger.init_args[RUN_ARG[logger_class]] = found.tracker_runs.get(logger_class) or found.path.parents[1].name
 
     @staticmethod
     def _last_checkpoint(config: Any, subcommand: str | None) -> RunCheckpoint | None:

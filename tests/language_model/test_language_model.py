@@ -124,11 +124,11 @@ def test_generation_continues_the_lines_of_a_prompts_file(trained: Path) -> None
 @pytest.mark.slow
 def test_prompts_come_back_as_written_and_an_empty_prompts_file_is_refused(trained: Path) -> None:
     prompts = trained / "odd.txt"
-    prompts.write_text("Café au lait ☕\n\n", encoding="utf-8")  # characters beyond the vocabulary; a fresh start
+    prompts.write_text("Café au lait ☕\n\n", encoding="utf-8")  # bytes the corpus never had; a fresh start
     output = _predict(trained, f"--data.prompts_file={prompts}")
     with open(trained / "generated.csv", newline="", encoding="utf-8") as f:
         assert [row["prompt"] for row in csv.DictReader(f)] == ["Café au lait ☕", ""]
-    assert output.count("characters the model never saw in training") == 1 and "'☕'" in output.replace("é", "")
+    assert "never saw in training" not in output  # byte-level subwords encode every character
     prompts.write_text("", encoding="utf-8")
     output = _predict(trained, f"--data.prompts_file={prompts}", expect=1)
     assert f"Error: --data.prompts_file {prompts}: the file is empty; write one prompt per line." in output
@@ -152,11 +152,16 @@ def test_a_bpe_vocabulary_round_trips_counts_characters_and_lives_in_a_checkpoin
 
 
 @pytest.mark.slow
-def test_the_job_with_bpe_reports_bits_per_character_and_generates_text(tmp_path: Path) -> None:
-    done = train_process(["fit", JOB, *TINY, "--data.tokenizer=bpe", "--data.bpe_vocab=300"], tmp_path)
+def test_the_job_over_characters_reports_bits_per_character_and_says_which_prompt_characters_it_never_saw(
+    tmp_path: Path,
+) -> None:
+    done = train_process(["fit", JOB, *TINY, "--data.tokenizer=chars"], tmp_path)
     assert "val_bpc" in done.stdout and "test_bpc:" in done.stdout
-    rows = _generate(tmp_path, f"--data.prompts_file={_write(tmp_path / 'p.txt', 'Café ☕')}")
-    assert rows[0]["prompt"] == "Café ☕" and rows[0]["generated"]
+    output = _predict(tmp_path, f"--data.prompts_file={_write(tmp_path / 'p.txt', 'Café au lait ☕')}")
+    with open(tmp_path / "generated.csv", newline="", encoding="utf-8") as f:
+        rows = list(csv.DictReader(f))
+    assert rows[0]["prompt"] == "Café au lait ☕" and rows[0]["generated"]  # as written, not as <unk>
+    assert output.count("characters the model never saw in training") == 1 and "'☕'" in output.replace("é", "")
 
 
 def _write(path: Path, text: str) -> Path:

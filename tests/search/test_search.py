@@ -27,6 +27,8 @@ import tune
 from tests.conftest import ROOT, run_cli
 
 JOB = str(ROOT / "configs" / "simple_cnn.yaml")
+JOB_VALUES = yaml.safe_load(Path(JOB).read_text())
+JOB_LR = JOB_VALUES["model"]["init_args"]["optimizer"]["init_args"]["lr"]
 TINY = [
     "--trainer.limit_train_batches=4", "--trainer.limit_val_batches=2", "--trainer.max_epochs=2",
     "--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false", "--test_after_fit=false",
@@ -35,7 +37,7 @@ ONE_EPOCH = [*TINY, "--trainer.max_epochs=1"]
 # Flags that make other runs of ONE_EPOCH's, and how a refusal names them.
 OTHER_FLAGS = [
     ("--trainer.max_epochs=3", "trainer.max_epochs 1 → 3"),
-    ("--model.optimizer.init_args.lr=0.5", "model.optimizer.init_args.lr 0.003 → 0.5"),
+    ("--model.optimizer.init_args.lr=0.5", f"model.optimizer.init_args.lr {JOB_LR} → 0.5"),
 ]
 
 
@@ -77,7 +79,8 @@ def test_search_prunes_a_bad_trial_and_writes_table_plots_and_best_config(tmp_pa
     assert best_config["model"]["init_args"]["optimizer"]["init_args"]["lr"] == float(
         best["model.optimizer.init_args.lr"]
     )
-    assert "max_epochs" not in best_config.get("trainer", {}) or best_config["trainer"]["max_epochs"] == 5
+    job_epochs = JOB_VALUES["trainer"]["max_epochs"]  # the job's length, not the trials' short one
+    assert best_config.get("trainer", {}).get("max_epochs", job_epochs) == job_epochs
     runs.RunConfig.parse([f"--config={out / 's_best.yaml'}"])  # ready to run with train.py
 
 

@@ -141,9 +141,9 @@ def test_a_line_changed_by_both_the_owner_and_the_template_is_named_with_the_way
     template: Path, tmp_path: Path
 ) -> None:
     project = committed_project(template, tmp_path / "project", {"project_name": "Leaf", "extras": []})
-    for folder, value in ((template, "0.004"), (project, "0.005")):
+    for folder, value in ((template, "0.0101"), (project, "0.0102")):
         job = folder / "configs/simple_cnn.yaml"
-        job.write_text(job.read_text().replace("lr: 0.003", f"lr: {value}"))
+        job.write_text(re.sub(r"lr: [0-9.e-]+", f"lr: {value}", job.read_text(), count=1))
     commit_all(template, "a faster learning rate")
     commit_all(project, "the owner's learning rate")
 
@@ -153,4 +153,4 @@ def test_a_line_changed_by_both_the_owner_and_the_template_is_named_with_the_way
     assert "`git add` the files and commit" in output
     assert "UU configs/simple_cnn.yaml" in git("status", "--porcelain", cwd=project)
     text = (project / "configs/simple_cnn.yaml").read_text()
-    assert "<<<<<<< before updating" in text and "lr: 0.005" in text and "lr: 0.004" in text
+    assert "<<<<<<< before updating" in text and "lr: 0.0102" in text and "lr: 0.0101" in text
