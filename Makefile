@@ -152,13 +152,14 @@ clean:
 	rm -rf logs lightning_logs .pytest_cache site
 
 # Transfer-learning recipe (docs/finetuning.md): pretrain on classes 0-4, fine-tune on 100 images/class of 5-9, compare to scratch.
-# Steps 2 and 3 are the same job; step 2 stacks the two-stage fine-tuning preset on it.
+# Steps 2 and 3 are the same job; step 2 stacks the two-stage fine-tuning preset on it. ARGS go to both (a seed, a size).
 transfer: data
 	$(BIN)/python train.py fit --config configs/resnet_fmnist_pretrain.yaml
 	$(BIN)/python train.py fit --config configs/resnet_fmnist_small.yaml --config configs/presets/transfer.yaml \
 		--trainer.logger.init_args.name resnet_fmnist_transfer \
-		--model.weights "$$(ls -t logs/resnet_fmnist_pretrain/*/checkpoints/last.ckpt | head -n 1)"
-	$(BIN)/python train.py fit --config configs/resnet_fmnist_small.yaml --trainer.logger.init_args.name resnet_fmnist_scratch
+		--model.weights "$$(ls -t logs/resnet_fmnist_pretrain/*/checkpoints/last.ckpt | head -n 1)" $(ARGS)
+	$(BIN)/python train.py fit --config configs/resnet_fmnist_small.yaml --trainer.logger.init_args.name resnet_fmnist_scratch \
+		$(ARGS)
 
 # Real text: Debian's fortunes.
 fortunes: install

@@ -72,6 +72,7 @@ def test_torchrun_launches_the_same_training(ddp_run, tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.matrix  # nightly: a third launcher of the same training as the two above
 def test_ddp_spawn_fits_tests_and_reports_in_one_run_folder(tmp_path: Path, fashion_mnist_dir) -> None:
     result = run_cli(
         "fit", *COMMON, "--trainer.strategy=ddp_spawn", "--trainer.accelerator=cpu", "--trainer.devices=2",

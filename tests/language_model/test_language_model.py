@@ -107,9 +107,8 @@ def test_generation_from_a_checkpoint_is_the_same_for_the_same_seed(trained: Pat
     assert [row["prompt"] for row in first] == [e[:24] for e in FortunesDataModule().splits["test"][:3]]
     other_seed = _generate(trained, "--seed_everything=7")
     assert [r["generated"] for r in other_seed] != [r["generated"] for r in first]
-    hot = _generate(trained, "--model.temperature=1.5", "--model.top_k=5")  # sampling flags over a checkpoint
-    assert [r["generated"] for r in hot] != [r["generated"] for r in first]
-    greedy = _generate(trained, "--model.temperature=0")  # the likeliest token each time: no seed plays a part
+    # A sampling flag over a checkpoint: the likeliest token each time, so no seed plays a part.
+    greedy = _generate(trained, "--model.temperature=0")
     assert greedy == _generate(trained, "--model.temperature=0", "--seed_everything=7") != first
 
 

@@ -287,14 +287,14 @@ def test_a_signal_to_serve_py_alone_stops_every_process(signum: int, as_pid_1: b
         processes = [serve_py, *descendants(serve_py)]
         assert len(processes) >= 4  # API server, inference worker, LitServe's manager, ...
         os.kill(serve_py, signum)
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + 120  # LitServe gives its API server 30 s to finish what it serves
         while any(map(running, processes)) and time.monotonic() < deadline:
             time.sleep(0.5)
-        assert not [pid for pid in processes if running(pid)], "processes left running after the signal"
+        log = (image_model["work"] / f"serve-{url.rpartition(':')[2]}.log").read_text()
+        assert not [pid for pid in processes if running(pid)], f"processes left running after the signal:\n{log[-3000:]}"
         assert process.wait(timeout=10) == 0
         with pytest.raises(requests.ConnectionError):
             requests.get(f"{url}/health", timeout=5)
-        log = (image_model["work"] / f"serve-{url.rpartition(':')[2]}.log").read_text()
         assert "Traceback" not in log, log[-3000:]
 
 
@@ -318,10 +318,10 @@ def _fuzz(url: str, examples: int) -> Counter:
 @pytest.mark.slow
 @pytest.mark.parametrize("backend", ["torch", pytest.param("onnx", marks=pytest.mark.matrix)])
 def test_requests_generated_from_the_openapi_schema_get_no_server_error(backend: str, request) -> None:
-    """schemathesis: 400 requests per backend, valid and invalid bodies of both media types: no 5xx."""
+    """schemathesis: 150 requests per backend, valid and invalid bodies of both media types: no 5xx."""
     url = request.getfixturevalue("image_server") if backend == "torch" else request.getfixturevalue("onnx_server")[0]
-    statuses = _fuzz(url, examples=400)
-    assert sum(statuses.values()) >= 350, statuses
+    statuses = _fuzz(url, examples=150)
+    assert sum(statuses.values()) >= 130, statuses
     for media_type in ("application/json", "multipart/form-data"):  # /predict's body is in the schema
-        assert sum(n for (_, path, kind, _), n in statuses.items() if path == "/predict" and kind == media_type) >= 50
+        assert sum(n for (_, path, kind, _), n in statuses.items() if path == "/predict" and kind == media_type) >= 20
     assert requests.get(f"{url}/health", timeout=5).text == "ok"
