@@ -69,12 +69,12 @@ seeds: data $(VENV)/.installed-tune
 	$(BIN)/python multirun.py --config $(CONFIG) --seeds 42 7 123 $(ARGS)
 # /extra:search
 
-# What to run after every change (about 1.5 to 3 minutes on 2 CPU cores): each job for a few steps, your own model
+# What to run after every change (under a minute on 2 CPU cores): each job for a few steps, your own model
 # and data, resume at a glance, the quick checks.
 test: $(VENV)/.installed-test
 	$(BIN)/python -m pytest -m "not slow and not matrix"
 
-# Every test but the setups matrix (about 35 minutes on 2 CPU cores): processes, DDP, signals, generated
+# Every test but the setups matrix (about 15 minutes on 2 CPU cores): processes, DDP, signals, generated
 # projects, every preset.
 test-all: $(VENV)/.installed-test
 	$(BIN)/python -m pytest

@@ -291,7 +291,9 @@ def test_a_signal_to_serve_py_alone_stops_every_process(signum: int, as_pid_1: b
         while any(map(running, processes)) and time.monotonic() < deadline:
             time.sleep(0.5)
         log = (image_model["work"] / f"serve-{url.rpartition(':')[2]}.log").read_text()
-        assert not [pid for pid in processes if running(pid)], f"processes left running after the signal:\n{log[-3000:]}"
+        assert not [pid for pid in processes if running(pid)], (
+            f"processes left running after the signal:\n{log[-3000:]}"
+        )
         assert process.wait(timeout=10) == 0
         with pytest.raises(requests.ConnectionError):
             requests.get(f"{url}/health", timeout=5)
