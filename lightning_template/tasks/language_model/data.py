@@ -137,7 +137,8 @@ class FortunesDataModule(LightningDataModule):
         self.tokenizer, self.bpe_vocab = tokenizer, bpe_vocab
         self.prompts_file, self.num_prompts, self.prompt_length = prompts_file, num_prompts, prompt_length
         self._splits: dict[str, list[str]] | None = None
-        self._vocabulary: CharVocabulary | None = None  # from the training text, or from a checkpoint
+        # From the training text, or from a checkpoint; BPEVocabulary is a CharVocabulary with subwords.
+        self._vocabulary: CharVocabulary | None = None
         self._characters_per_token: dict[str, float] = {}
         self.datasets: dict[str, Dataset] = {}
 
@@ -149,10 +150,13 @@ class FortunesDataModule(LightningDataModule):
 
     @property
     def vocabulary(self) -> CharVocabulary:
-        if self._vocabulary is None and self.tokenizer == "bpe":
-            self._vocabulary = BPEVocabulary.train(self.splits["train"], self.bpe_vocab)
-        elif self._vocabulary is None:
-            self._vocabulary = CharVocabulary.build(self.splits["train"], self.min_count)
+        if self._vocabulary is None:
+            train = self.splits["train"]
+            self._vocabulary = (
+                BPEVocabulary.train(train, self.bpe_vocab)
+                if self.tokenizer == "bpe"
+                else CharVocabulary.build(train, self.min_count)
+            )
         return self._vocabulary
 
     def characters_per_token(self, split: str) -> float:

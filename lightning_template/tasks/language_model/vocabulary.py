@@ -19,6 +19,12 @@ from lightning_template.engine.errors import ConfigError, MissingPackageError
 EOS, UNK = "<eos>", "<unk>"
 
 
+def _check_specials(tokens: Sequence[str]) -> None:
+    """Ids 0 and 1 are <eos> and <unk> in every vocabulary: a checkpoint's that differs is another datamodule's."""
+    if list(tokens[:2]) != [EOS, UNK]:
+        raise ConfigError("The checkpoint's vocabulary does not start with <eos>, <unk>: not this datamodule's.")
+
+
 class CharVocabulary:
     eos_id, unk_id = 0, 1
 
@@ -73,8 +79,7 @@ class BPEVocabulary(CharVocabulary):
     def __init__(self, tokenizer: Any) -> None:
         self.tokenizer = tokenizer
         self.tokens = [tokenizer.id_to_token(i) for i in range(tokenizer.get_vocab_size())]
-        if self.tokens[:2] != [EOS, UNK]:
-            raise ConfigError("A BPE vocabulary must start with <eos>, <unk>: not this datamodule's.")
+        _check_specials(self.tokens)
 
     @classmethod
     def train(cls, texts: Sequence[str], size: int) -> BPEVocabulary:
@@ -114,7 +119,5 @@ def vocabulary_from_state(state: dict[str, Any]) -> CharVocabulary:
     """The vocabulary a checkpoint was trained with (`state()`; a checkpoint without `tokenizer` is of characters)."""
     if state.get("tokenizer", "chars") == "bpe":
         return BPEVocabulary(_tokenizers().Tokenizer.from_str(state["bpe"]))
-    tokens = list(state["tokens"])
-    if tokens[:2] != [EOS, UNK]:
-        raise ConfigError("The checkpoint's vocabulary does not start with <eos>, <unk>: not this datamodule's.")
-    return CharVocabulary(tokens[2:])
+    _check_specials(state["tokens"])
+    return CharVocabulary(list(state["tokens"])[2:])
