@@ -1,7 +1,8 @@
 """Lightning code written the way Lightning's docs write it, which the engine must take as it is: an autoencoder with
 a learning rate reduced on a plateau of `val_loss`, its manual-optimization twin, and a datamodule whose training
 loader is built in each of the ways the docs show (shuffled, weighted, a batch sampler, fewer samples an epoch, a
-dict of loaders) with one or two validation loaders. Lightning's own demos (`lightning.pytorch.demos`) are used as
+dict of loaders) with one or two validation loaders, and predict loaders of each kind (a map-style dataset, an
+IterableDataset sharded over workers, two loaders). Lightning's own demos (`lightning.pytorch.demos`) are used as
 they ship."""
 
 from __future__ import annotations
@@ -10,13 +11,21 @@ import torch
 from lightning import LightningDataModule, LightningModule
 from torch import nn
 from torch.nn import functional as F
-from torch.utils.data import BatchSampler, DataLoader, RandomSampler, TensorDataset, WeightedRandomSampler
+from torch.utils.data import (
+    BatchSampler,
+    DataLoader,
+    IterableDataset,
+    RandomSampler,
+    TensorDataset,
+    WeightedRandomSampler,
+    get_worker_info,
+)
 
 from tests.plain_task import read_images
 
 
 class LitAutoEncoder(LightningModule):
-    def __init__(self, lr: float = 1e-3) -> None:
+    def __init__(self, lr: float = 1e-3, returns: str = "tensor") -> None:
         super().__init__()
         self.save_hyperparameters()
         self.encoder = nn.Sequential(nn.Linear(28 * 28, 64), nn.ReLU(), nn.Linear(64, 3))
@@ -36,6 +45,17 @@ class LitAutoEncoder(LightningModule):
 
     def validation_step(self, batch, batch_idx: int, dataloader_idx: int = 0) -> None:
         self.log("val_loss", self.loss(batch))
+
+    def predict_step(self, batch, batch_idx: int, dataloader_idx: int = 0):
+        x, label = batch
+        code = self.encoder(x.view(x.size(0), -1))
+        if self.hparams.returns == "dict":
+            return {"label": label, "code": code}
+        if self.hparams.returns == "tuple":
+            return code, label
+        if self.hparams.returns == "scalar":
+            return code.sum()
+        return code
 
     def configure_optimizers(self):
         optimizer = torch.optim.Adam(self.parameters(), lr=self.hparams.lr)
@@ -61,10 +81,26 @@ class ManualAutoEncoder(LitAutoEncoder):
         return torch.optim.Adam(self.parameters(), lr=self.hparams.lr)
 
 
+class Shards(IterableDataset):
+    """A dataset read as a stream, each loader worker its share, as PyTorch's docs shard an IterableDataset."""
+
+    def __init__(self, dataset: TensorDataset) -> None:
+        self.dataset = dataset
+
+    def __iter__(self):
+        worker = get_worker_info()
+        first, step = (0, 1) if worker is None else (worker.id, worker.num_workers)
+        return (self.dataset[i] for i in range(first, len(self.dataset), step))
+
+
 class ImagesData(LightningDataModule):
-    def __init__(self, loader: str = "shuffle", val_loaders: int = 1, batch_size: int = 16, train_size: int = 128):
+    def __init__(
+        self, loader: str = "shuffle", val_loaders: int = 1, batch_size: int = 16, train_size: int = 128,
+        predict: str = "dataset",
+    ) -> None:  # fmt: skip
         super().__init__()
         self.loader, self.val_loaders, self.batch_size, self.train_size = loader, val_loaders, batch_size, train_size
+        self.predict = predict
 
     def setup(self, stage: str) -> None:
         images = read_images("train", self.train_size + 64).float() / 255
@@ -90,3 +126,10 @@ class ImagesData(LightningDataModule):
     def val_dataloader(self):
         loaders = [DataLoader(self.val, batch_size=32) for _ in range(self.val_loaders)]
         return loaders[0] if self.val_loaders == 1 else loaders
+
+    def predict_dataloader(self):
+        if self.predict == "stream":
+            return DataLoader(Shards(self.val), batch_size=10, num_workers=2)
+        if self.predict == "two":
+            return [DataLoader(self.val, batch_size=10), DataLoader(self.val, batch_size=10)]
+        return DataLoader(self.val, batch_size=10)

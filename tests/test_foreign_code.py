@@ -6,6 +6,7 @@ training loader cannot continue from the middle of an epoch (and it still trains
 from __future__ import annotations
 
 import contextlib
+import csv
 import warnings
 from pathlib import Path
 
@@ -14,7 +15,7 @@ from lightning.pytorch.demos.transformer import tokenize
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from lightning_template.engine.cli import ProjectCLI
-from lightning_template.engine.errors import ConfigError
+from lightning_template.engine.errors import ConfigError, InterfaceError
 from lightning_template.tasks.classification.data.fortunes import FORTUNES_DIR
 
 from tests.conftest import last_checkpoint, sigterm_at
@@ -29,6 +30,7 @@ BORING = ["--model=lightning.pytorch.demos.BoringModel", "--data=lightning.pytor
 TRANSFORMER = ["--model=lightning.pytorch.demos.LightningTransformer"]  # its own loader: ./data/wikitext-2.txt
 AUTOENCODER = ["--model=tests.foreign_code.LitAutoEncoder", "--data=tests.foreign_code.ImagesData"]
 MANUAL = ["--model=tests.foreign_code.ManualAutoEncoder", "--data=tests.foreign_code.ImagesData"]
+CODE = [f"output_{i}" for i in range(3)]  # the autoencoder's code of a sample
 PER_LOADER = ["--checkpoint.monitor=val_loss/dataloader_idx_0", "--early_stopping.monitor=val_loss/dataloader_idx_1"]
 CELLS = {  # flags, and the reason its training loader cannot continue mid-epoch (None: it resumes exactly)
     "boring-model": ([*BORING, *UNMONITORED, "--trainer.limit_train_batches=8"], None),
@@ -113,3 +115,40 @@ def test_a_model_that_logs_nothing_is_told_how_to_train_without_a_metric(tmp_pat
     cli = ProjectCLI(args=["fit", *quick, *UNMONITORED])
     assert cli.trainer.global_step == 2
     assert [p.name for p in tmp_path.glob("logs/boringmodel/*/checkpoints/*.ckpt")] == ["last.ckpt"]
+
+
+def _predicted(folder: Path, monkeypatch, *flags: str) -> list[dict[str, str]]:
+    """train.py predict of the autoencoder (its initial weights) in this process; the CSV's rows."""
+    folder.mkdir(exist_ok=True)
+    monkeypatch.chdir(folder)
+    ProjectCLI(args=["predict", *AUTOENCODER, "--trainer.enable_progress_bar=false", *flags])
+    with open(folder / "predictions.csv", newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def test_predictions_of_an_iterable_dataset_over_workers_are_numbered_by_their_place_in_the_stream(
+    tmp_path, monkeypatch
+):
+    """An IterableDataset sharded over 2 loader workers has no sample indices: 64 rows, numbered as they came."""
+    streamed = _predicted(tmp_path, monkeypatch, "--data.predict=stream")
+    assert [int(r["index"]) for r in streamed] == list(range(64)) and list(streamed[0]) == ["index", *CODE]
+
+
+def test_predictions_of_two_loaders_say_which_loader_each_row_comes_from(tmp_path: Path, monkeypatch) -> None:
+    two = _predicted(tmp_path, monkeypatch, "--data.predict=two")
+    assert list(two[0]) == ["dataloader_idx", "index", *CODE]
+    assert [(r["dataloader_idx"], r["index"]) for r in two] == [(str(d), str(i)) for d in (0, 1) for i in range(64)]
+
+
+def test_a_dict_or_tuple_of_per_sample_outputs_gets_a_column_per_value_and_a_scalar_no_file(tmp_path, monkeypatch):
+    """A dict or a tuple of per-sample tensors: a column per value; a scalar is refused and no file is left."""
+    named = _predicted(tmp_path, monkeypatch, "--model.returns=dict")
+    assert list(named[0]) == ["index", "label", *(f"code_{i}" for i in range(3))]
+    assert [int(r["label"]) for r in named] == [(128 + i) % 10 for i in range(64)]  # the labels, a sample each
+    positional = _predicted(tmp_path, monkeypatch, "--model.returns=tuple")
+    assert list(positional[0]) == ["index", *(f"output0_{i}" for i in range(3)), "output1"]
+    with pytest.raises(
+        InterfaceError, match=r"predict_step returned a tensor of shape \(\) as 'output' for a batch of"
+    ):
+        _predicted(tmp_path, monkeypatch, "--model.returns=scalar")
+    assert not (tmp_path / "predictions.csv").exists()  # nothing that passes for a result
