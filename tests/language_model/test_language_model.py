@@ -90,6 +90,10 @@ def _generate(workdir: Path, *flags: str) -> list[dict[str, str]]:
     [
         ("--model.top_k=0", "--model.top_k 0: at least 1 (null: sample among all tokens)."),
         ("--model.temperature=-0.5", "--model.temperature -0.5: at least 0 (0: greedy, the likeliest token)."),
+        (
+            "--model.max_new_tokens=-3",
+            "--model.max_new_tokens -3: at least 1 (a continuation also ends where its entry ends).",
+        ),
     ],
 )
 def test_sampling_settings_out_of_range_are_refused_before_anything_loads(flag, message, monkeypatch, capsys):

@@ -98,6 +98,10 @@ class LanguageModel(LightningModule):
             raise ConfigError(f"--model.temperature {temperature}: at least 0 (0: greedy, the likeliest token).")
         if top_k is not None and top_k < 1:
             raise ConfigError(f"--model.top_k {top_k}: at least 1 (null: sample among all tokens).")
+        if max_new_tokens < 1:
+            raise ConfigError(
+                f"--model.max_new_tokens {max_new_tokens}: at least 1 (a continuation also ends where its entry ends)."
+            )
         # How to sample is a choice at `predict` time, not part of the trained model: a checkpoint does not fix it.
         self.save_hyperparameters(ignore=["temperature", "top_k", "max_new_tokens"])
         self.hparams["optimizer"] = optimizer_spec(self.hparams["optimizer"])  # data, not code, in checkpoints
