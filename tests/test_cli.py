@@ -326,3 +326,23 @@ def test_turning_checkpointing_off_is_refused_in_one_line_with_the_option_that_d
     assert (
         "--trainer.enable_checkpointing false: every run writes last.ckpt" in err and "--checkpoint.monitor null" in err
     )
+
+
+@pytest.mark.slow
+def test_how_a_network_runs_is_not_part_of_its_checkpoint(tmp_path: Path, monkeypatch, fashion_mnist_dir) -> None:
+    """compile and channels_last are execution choices, not the model: a checkpoint trained without channels_last is
+    validated with it, and one trained with it without it."""
+    monkeypatch.chdir(tmp_path)
+    tiny = ["--trainer.max_steps=1", "--trainer.limit_val_batches=1", "--test_after_fit=false",
+            "--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false"]  # fmt: skip
+    for layout, name in (("false", "plain"), ("true", "nhwc")):
+        ProjectCLI(args=["fit", "--config", str(ROOT / "configs/simple_cnn.yaml"), f"--model.channels_last={layout}",
+                         f"--trainer.logger.init_args.name={name}", *tiny])  # fmt: skip
+    for name, layout in (("plain", True), ("nhwc", False)):
+        last = tmp_path / f"logs/{name}/version_0/checkpoints/last.ckpt"
+        cli = ProjectCLI(args=["validate", "--config", str(ROOT / "configs/simple_cnn.yaml"), f"--ckpt_path={last}",
+                               f"--model.channels_last={layout}", *tiny[1:2], "--trainer.logger=false"])  # fmt: skip
+        assert "val_acc" in cli.trainer.callback_metrics
+        conv = next(m for m in cli.model.net.modules() if isinstance(m, torch.nn.Conv2d) and m.in_channels > 1)
+        assert conv.weight.is_contiguous(memory_format=torch.channels_last) is layout
+        assert not {"compile", "channels_last"} & set(torch.load(last, weights_only=True)["hyper_parameters"])

@@ -83,7 +83,10 @@ class ClassificationModule(LightningModule):
             channels_last: Store conv weights and image batches NHWC (faster convolutions on recent GPUs).
         """
         super().__init__()
-        self.save_hyperparameters(ignore=["net"])
+        # How the network runs (compiled, NHWC) is not what it is: a checkpoint does not fix it, and one trained
+        # either way is evaluated either way.
+        self.save_hyperparameters(ignore=["net", "compile", "channels_last"])
+        self.compile_net, self.channels_last = compile, channels_last
         self.hparams["optimizer"] = optimizer_spec(self.hparams["optimizer"])  # the CLI gives its config already
         self.net = net
         self.make_optimizer = optimizer_from_spec(optimizer)
@@ -108,15 +111,15 @@ class ClassificationModule(LightningModule):
         # Runs once per process before DDP wraps the model, so the wrapper sees the final
         # network. In-place `compile()` keeps state_dict keys, so checkpoints stay loadable
         # into an uncompiled model.
-        if self.hparams.channels_last:
+        if self.channels_last:
             self.net.to(memory_format=torch.channels_last)
-        if self.hparams.compile and not getattr(self, "_compiled", False):
+        if self.compile_net and not getattr(self, "_compiled", False):
             self.net.compile()
             self._compiled = True
             rank_zero_info("torch.compile: model.net compiled once in this process (DDP wraps it afterwards).")
 
     def forward(self, inputs: torch.Tensor) -> torch.Tensor:
-        if self.hparams.channels_last and inputs.dim() == 4:
+        if self.channels_last and inputs.dim() == 4:
             inputs = inputs.contiguous(memory_format=torch.channels_last)
         return self.net(inputs)
 
