@@ -22,6 +22,9 @@ USED = (
     ("trainer", "fit_loop._data_fetcher"),
     ("trainer", "fit_loop._combined_loader"),
     ("trainer", "fit_loop._data_source"),
+    ("trainer", "fit_loop._restarting"),
+    ("trainer", "fit_loop._combined_loader_states_to_load"),
+    ("trainer", "fit_loop._load_combined_loader_states"),
     ("trainer", "_accelerator_connector.cluster_environment"),
     ("trainer", "_signal_connector.received_sigterm"),
     ("trainer", "_signal_connector._slurm_sigusr_handler_fn"),
@@ -51,6 +54,24 @@ def logs_this_step(trainer: Trainer) -> bool:
 def train_data_fetcher(trainer: Trainer) -> Any:
     """The fit loop's iterator over the training loader (None before its first epoch)."""
     return trainer.fit_loop._data_fetcher
+
+
+def load_train_loader_states(trainer: Trainer) -> bool:
+    """Give the training loaders the states the checkpoint holds for them (a StatefulDataLoader's position), if
+    Lightning has not: it skips them when the loaders were built before the checkpoint was restored, as reading
+    `trainer.estimated_stepping_batches` in `configure_optimizers` does (Lightning #20550). True if it loaded any."""
+    loop = trainer.fit_loop
+    if not loop._combined_loader_states_to_load or loop._combined_loader is None:
+        return False
+    loop._load_combined_loader_states()
+    return True
+
+
+def step_plateau_schedulers_at_this_epoch_end(trainer: Trainer) -> None:
+    """Let Lightning step ReduceLROnPlateau schedulers at the end of the epoch a run restarted in, as in a run never
+    stopped: the fit loop skips that step while it is restarting (`fit_loop.on_advance_end`). Called at the epoch's
+    `on_train_epoch_end`, before the check; the loop's children keep their own restarting state."""
+    trainer.fit_loop._restarting = False
 
 
 def forget_train_loader(trainer: Trainer) -> None:

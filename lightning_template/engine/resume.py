@@ -12,8 +12,8 @@ For any LightningModule and LightningDataModule. What a resumed run must reprodu
 - model, optimizer, scheduler and loop state: Lightning's checkpoint.
 
 Stopping: SIGTERM (cluster pre-emption, `kill`) and the first Ctrl-C stop at the next
-optimizer-step boundary (never between the micro-batches of one accumulated step), all
-DDP ranks at the same one, and `ResumeCheckpoint` writes `last.ckpt` there; a second
+optimizer-step boundary (never between the micro-batches of one accumulated step; after an epoch's last batch, at
+the epoch's end, after its validation), all DDP ranks at the same one, and `ResumeCheckpoint` writes `last.ckpt` there; a second
 Ctrl-C aborts at once and writes a checkpoint only if the loop happens to be at such a
 boundary. A checkpoint is never written in the middle of a step or with non-finite weights.
 """
@@ -40,9 +40,11 @@ from lightning_template.engine.errors import ConfigError
 from lightning_template.engine.lightning_internals import (
     closes_accumulation_window,
     cluster_environment,
+    load_train_loader_states,
     mark_saved_at,
     requeue_slurm_job,
     save_now,
+    step_plateau_schedulers_at_this_epoch_end,
     stop_after_this_step,
     train_data_fetcher,
     wrap_train_loader,
@@ -66,6 +68,52 @@ def at_step_boundary(trainer: Trainer) -> bool:
     """No step is half done: no batch between forward and end, no accumulated gradient pending."""
     progress = trainer.fit_loop.epoch_loop.batch_progress.current
     return progress.started == progress.processed and closes_accumulation_window(trainer)
+
+
+def epoch_ran_out(trainer: Trainer) -> bool:
+    """The batch just trained is the epoch's last (Lightning then validates and ends the epoch)."""
+    batches = trainer.fit_loop.epoch_loop.batch_progress
+    return batches.is_last_batch or batches.current.ready == trainer.num_training_batches
+
+
+def plateau_schedulers(trainer: Trainer) -> list[Any]:
+    """The ReduceLROnPlateau schedulers that Lightning steps (those of automatic optimization)."""
+    if not trainer.lightning_module.automatic_optimization:
+        return []
+    return [config for config in trainer.lr_scheduler_configs if config.reduce_on_plateau]
+
+
+def plateau_step_pending(trainer: Trainer) -> int | None:
+    """The epoch whose end-of-epoch ReduceLROnPlateau step has not been taken yet, at a checkpoint written now.
+
+    Lightning takes it after the epoch-end callbacks (the epoch-end checkpoint is written before it); inside an
+    epoch it is still to come. None when there is none to take: between epochs, or at the end of an epoch that
+    stopped before its last batch (`max_steps`), where Lightning takes none."""
+    epochs = trainer.fit_loop.epoch_progress.current
+    if epochs.started > epochs.processed:  # inside the epoch
+        return epochs.processed
+    if epochs.completed < epochs.processed and epoch_ran_out(trainer):  # its end, before the step
+        return epochs.completed
+    return None
+
+
+def step_plateau_schedulers(trainer: Trainer, epoch: int) -> None:
+    """The ReduceLROnPlateau steps Lightning takes at the end of `epoch`, by its rules (`interval: epoch`, every
+    `frequency` epochs, the monitored metric as it is now; `strict`: an error if it is missing)."""
+    for config in plateau_schedulers(trainer):
+        if config.interval != "epoch" or (epoch + 1) % config.frequency:
+            continue
+        value = trainer.callback_metrics.get(config.monitor)
+        if value is None:
+            if config.strict:
+                raise ConfigError(
+                    f"ReduceLROnPlateau monitors {config.monitor}, which the checkpoint's run had not logged when it"
+                    f" was written; the metrics it had: {sorted(trainer.callback_metrics)}."
+                )
+            continue
+        trainer.fit_loop.epoch_loop.scheduler_progress.increment_ready()
+        trainer.lightning_module.lr_scheduler_step(config.scheduler, value)
+        trainer.fit_loop.epoch_loop.scheduler_progress.increment_completed()
 
 
 class ResumeCheckpoint(ModelCheckpoint):
@@ -121,6 +169,7 @@ class ExactResume(Callback):
         self._requeue_installed = False
         self._warnings: warnings.catch_warnings | None = None  # Lightning's warning silenced for this run
         self._inexact: str | None = None  # why the training loader cannot continue mid-epoch, if it cannot
+        self._plateau_at_epoch_end = False  # the restarted epoch's plateau step: Lightning's to take at its end
 
     # -- the training loader: made to continue from the loop's position --------------------------
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
@@ -146,6 +195,12 @@ class ExactResume(Callback):
         }
         if isinstance(loader, ResumesFromLoop) and loader.worker_dependent:  # streamed: workers own chunk shares
             state["num_workers"] = loader.num_workers
+        if plateaus := plateau_schedulers(trainer):
+            # What a plateau scheduler reads, which a checkpoint does not otherwise hold: the monitored metrics as
+            # they are now (a resumed run has logged none yet), and whether this epoch's end step is still due.
+            monitored = {config.monitor for config in plateaus}
+            state["monitored"] = {k: v for k, v in trainer.callback_metrics.items() if k in monitored}
+            state["plateau_step_pending"] = plateau_step_pending(trainer)
         return state
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
@@ -162,10 +217,13 @@ class ExactResume(Callback):
             )
         if self._saved is None:
             return
-        if getattr(trainer.train_dataloader, "num_workers", 0) > 0 and train_data_fetcher(trainer) is not None:
-            # Lightning created the loader's iterator before restoring its loop from the checkpoint
-            # (to count the steps for the schedule), and the workers have already prefetched epoch 0's
-            # first indices (Lightning #21938). Start it again, from the restored position.
+        self._restore_plateau_schedulers(trainer)
+        loaded = load_train_loader_states(trainer)
+        workers = getattr(trainer.train_dataloader, "num_workers", 0) > 0
+        if (loaded or workers) and train_data_fetcher(trainer) is not None:
+            # Lightning created the loader's iterator before restoring its loop from the checkpoint (to count the
+            # steps for the schedule): its workers have already prefetched epoch 0's first indices (Lightning
+            # #21938), a StatefulDataLoader started from its beginning. Start it again, from the restored position.
             iter(train_data_fetcher(trainer))
         if not trainer.fit_loop.restarted_mid_epoch:
             return
@@ -184,6 +242,20 @@ class ExactResume(Callback):
             return
         self._check_same_batches(trainer)
         rank_zero_info(f"ExactResume: continuing epoch {trainer.current_epoch} after {done} batches.")
+
+    def _restore_plateau_schedulers(self, trainer: Trainer) -> None:
+        """The monitored metrics as the checkpoint's run had them, and the plateau step of the epoch it was written
+        in: Lightning skips that step in a resumed run (the checkpoint comes before it, at the epoch's end too)."""
+        saved = self._saved or {}
+        for key, value in saved.get("monitored", {}).items():
+            trainer.callback_metrics.setdefault(key, value)
+        pending = saved.get("plateau_step_pending")
+        if pending is None:
+            return
+        if trainer.current_epoch > pending:  # the epoch counts as finished: its end is not run again
+            step_plateau_schedulers(trainer, pending)
+        else:
+            self._plateau_at_epoch_end = True
 
     def _check_same_batches(self, trainer: Trainer) -> None:
         """Mid-epoch, the batches already trained are skipped: that needs the same batches."""
@@ -211,7 +283,9 @@ class ExactResume(Callback):
     def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, *args: Any) -> None:
         # Seeded here, not at batch start: the next batch is augmented on the device before that hook runs.
         self._seed_batch(trainer, trainer.fit_loop.epoch_loop.batch_progress.current.processed)
-        if closes_accumulation_window(trainer):
+        # After an epoch's last batch the stop waits for the epoch's end: its validation and epoch-end checkpoint
+        # would otherwise be skipped by the resumed run, which counts the epoch as done.
+        if closes_accumulation_window(trainer) and not epoch_ran_out(trainer):
             self._stop_if_requested(trainer)
 
     def on_validation_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
@@ -219,6 +293,9 @@ class ExactResume(Callback):
             self._seed_batch(trainer, trainer.fit_loop.epoch_loop.batch_progress.current.processed)
 
     def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if self._plateau_at_epoch_end:
+            self._plateau_at_epoch_end = False
+            step_plateau_schedulers_at_this_epoch_end(trainer)
         self._stop_if_requested(trainer)
 
     # -- graceful stop -----------------------------------------------------------------------

@@ -1,0 +1,353 @@
+"""Lightning code as users write it, one knob per choice that a setup can make; `tests/test_generated_setups.py` draws
+the knobs with Hypothesis and checks that a run stopped anywhere and resumed ends as the run never stopped.
+
+Nothing of the project is imported: a module, a datamodule and callbacks written as Lightning's and PyTorch's docs
+write them (schedulers of every kind and interval, a scheduler stepped by hand, manual optimization with one or two
+optimizers, a buffer updated every step, an entry of its own in the checkpoint, samplers, batch samplers, an
+IterableDataset, torchdata's StatefulDataLoader, random flips in `__getitem__`). The data are real: Fashion-MNIST
+images pooled to 7x7, 10 classes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import signal
+from pathlib import Path
+from typing import Any
+
+import torch
+from lightning import Callback, LightningDataModule, LightningModule, Trainer
+from lightning.fabric.plugins import TorchCheckpointIO
+from torch import nn
+from torch.nn import functional as F
+from torch.optim import lr_scheduler
+from torch.utils.data import (
+    BatchSampler,
+    DataLoader,
+    Dataset,
+    IterableDataset,
+    RandomSampler,
+    SequentialSampler,
+    SubsetRandomSampler,
+    WeightedRandomSampler,
+    get_worker_info,
+)
+
+from tests.plain_task import read_images
+
+SCHEDULERS = (
+    "StepLR", "MultiStepLR", "ExponentialLR", "CosineAnnealingLR", "CosineAnnealingWarmRestarts", "OneCycleLR",
+    "LinearLR", "SequentialLR", "LambdaLR", "ReduceLROnPlateau",
+)  # fmt: skip
+SAMPLERS = ("shuffle", "sequential", "random", "weighted", "subset", "num_samples")
+LOADERS = ("map", "batch_sampler", "iterable", "stateful")
+
+
+def halve_every_two(epoch: int) -> float:
+    """LambdaLR's factor (a function of the module, so that the scheduler pickles with the checkpoint's config)."""
+    return 0.5 ** (epoch // 2)
+
+
+class GeneratedModule(LightningModule):
+    def __init__(
+        self,
+        optimization: str = "automatic",
+        returns: str = "dict",
+        scheduler: str | None = None,
+        interval: str = "epoch",
+        frequency: int = 1,
+        strict: bool = True,
+        dropout: float = 0.0,
+        step_buffer: bool = False,
+        checkpoint_entry: bool = False,
+        lr: float = 0.05,
+    ) -> None:
+        """
+        Args:
+            optimization: automatic; manual (one optimizer, its scheduler stepped by hand); manual-two (two
+                optimizers, one per half of the network, as a GAN steps its generator and discriminator).
+            returns: what `configure_optimizers` returns: optimizer (alone, no scheduler), list (`[opt], [sched]`),
+                dict (`{"optimizer", "lr_scheduler": {...}}`).
+            scheduler: a class of `torch.optim.lr_scheduler`, or None.
+            interval: step or epoch, the scheduler's interval.
+            frequency: the scheduler steps every `frequency` intervals.
+            strict: ReduceLROnPlateau's `strict`: a missing monitored metric is an error (else skipped).
+            dropout: dropout probability of the hidden layer.
+            step_buffer: a buffer updated at every step (a running mean of the loss).
+            checkpoint_entry: a count of trained samples saved under a checkpoint entry of its own.
+            lr: the learning rate.
+        """
+        super().__init__()
+        self.save_hyperparameters()
+        self.automatic_optimization = optimization == "automatic"
+        self.body = nn.Sequential(nn.Linear(49, 32), nn.ReLU(), nn.Dropout(dropout))
+        self.head = nn.Linear(32, 10)
+        if step_buffer:
+            self.register_buffer("loss_average", torch.zeros(()))
+        self.samples_seen = 0
+
+    def forward(self, features: torch.Tensor) -> torch.Tensor:
+        return self.head(self.body(features))
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor | None:
+        features, target = batch
+        loss = F.cross_entropy(self(features), target)
+        self.log("train_loss", loss)
+        if self.hparams.step_buffer:
+            self.loss_average.mul_(0.9).add_(0.1 * loss.detach())
+        self.samples_seen += len(target)
+        if self.automatic_optimization:
+            return loss
+        optimizers = self.optimizers()
+        optimizers = optimizers if isinstance(optimizers, list) else [optimizers]
+        for optimizer in optimizers:  # manual-two: the body's step, then the head's, each on its own loss
+            self.toggle_optimizer(optimizer)
+            step_loss = F.cross_entropy(self(features), target)
+            optimizer.zero_grad()
+            self.manual_backward(step_loss)
+            optimizer.step()
+            self.untoggle_optimizer(optimizer)
+        self._step_schedulers_by_hand()
+        return None
+
+    def _step_schedulers_by_hand(self) -> None:
+        """Manual optimization steps its schedulers itself: every `frequency` batches or epochs (at an epoch's last
+        batch, as Lightning's docs show); ReduceLROnPlateau on the last training loss, at epoch ends."""
+        schedulers = self.lr_schedulers()
+        if schedulers is None:
+            return
+        count = self.trainer.fit_loop.epoch_loop.batch_progress.current.processed + 1
+        if self.hparams.interval == "epoch":
+            if not self.trainer.is_last_batch:
+                return
+            count = self.current_epoch + 1
+        if count % self.hparams.frequency:
+            return
+        for scheduler in schedulers if isinstance(schedulers, list) else [schedulers]:
+            if isinstance(scheduler, lr_scheduler.ReduceLROnPlateau):
+                scheduler.step(self.trainer.callback_metrics["train_loss"])
+            else:
+                scheduler.step()
+
+    def validation_step(self, batch: Any, batch_idx: int) -> None:
+        features, target = batch
+        logits = self(features)
+        self.log("val_loss", F.cross_entropy(logits, target))
+        self.log("val_acc", (logits.argmax(-1) == target).float().mean())
+
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        if self.hparams.checkpoint_entry:
+            checkpoint["samples_seen"] = self.samples_seen
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        if self.hparams.checkpoint_entry:
+            self.samples_seen = checkpoint["samples_seen"]
+
+    def _scheduler(self, optimizer: torch.optim.Optimizer) -> Any:
+        name = self.hparams.scheduler
+        if name == "StepLR":
+            return lr_scheduler.StepLR(optimizer, step_size=2, gamma=0.5)
+        if name == "MultiStepLR":
+            return lr_scheduler.MultiStepLR(optimizer, milestones=[1, 3, 6], gamma=0.5)
+        if name == "ExponentialLR":
+            return lr_scheduler.ExponentialLR(optimizer, gamma=0.8)
+        if name == "CosineAnnealingLR":
+            return lr_scheduler.CosineAnnealingLR(optimizer, T_max=8)
+        if name == "CosineAnnealingWarmRestarts":
+            return lr_scheduler.CosineAnnealingWarmRestarts(optimizer, T_0=3)
+        if name == "OneCycleLR":  # its length read from the trainer, as Lightning's docs do
+            return lr_scheduler.OneCycleLR(optimizer, max_lr=self.hparams.lr, total_steps=self._scheduler_steps())
+        if name == "LinearLR":
+            return lr_scheduler.LinearLR(optimizer, start_factor=0.2, total_iters=4)
+        if name == "SequentialLR":
+            warmup = lr_scheduler.LinearLR(optimizer, start_factor=0.2, total_iters=2)
+            decay = lr_scheduler.ExponentialLR(optimizer, gamma=0.8)
+            return lr_scheduler.SequentialLR(optimizer, [warmup, decay], milestones=[2])
+        if name == "LambdaLR":
+            return lr_scheduler.LambdaLR(optimizer, halve_every_two)
+        if name == "ReduceLROnPlateau":
+            return lr_scheduler.ReduceLROnPlateau(optimizer, factor=0.5, patience=0, threshold=0.5)
+        raise ValueError(f"--model.scheduler {name}: no such scheduler")
+
+    def _scheduler_steps(self) -> int:
+        """How often the scheduler steps in the whole run (OneCycleLR must know)."""
+        if self.hparams.interval == "step":
+            return int(self.trainer.estimated_stepping_batches) // self.hparams.frequency + 1
+        return max(self.trainer.max_epochs, 1) // self.hparams.frequency + 1
+
+    def configure_optimizers(self) -> Any:
+        lr = self.hparams.lr
+        if self.hparams.optimization == "manual-two":
+            optimizers = [
+                torch.optim.Adam(self.body.parameters(), lr=lr / 10),
+                torch.optim.SGD(self.head.parameters(), lr=lr, momentum=0.9),
+            ]
+        else:
+            optimizers = [torch.optim.SGD(self.parameters(), lr=lr, momentum=0.9, weight_decay=1e-4)]
+        if self.hparams.returns == "optimizer" or self.hparams.scheduler is None:
+            return optimizers[0] if len(optimizers) == 1 else optimizers
+        schedulers = [self._scheduler(optimizer) for optimizer in optimizers]
+        if self.hparams.returns == "list":
+            return optimizers, schedulers
+        configs = []
+        for optimizer, scheduler in zip(optimizers, schedulers, strict=True):
+            config = {"scheduler": scheduler, "interval": self.hparams.interval, "frequency": self.hparams.frequency}
+            if isinstance(scheduler, lr_scheduler.ReduceLROnPlateau):
+                config |= {"monitor": "val_loss", "strict": self.hparams.strict}
+            configs.append({"optimizer": optimizer, "lr_scheduler": config})
+        return configs[0] if len(configs) == 1 else configs
+
+
+class PooledImages(Dataset):
+    """Fashion-MNIST images pooled to 7x7 features; `flip`: half of them flipped at random, in `__getitem__`."""
+
+    def __init__(self, split: str, count: int, flip: bool) -> None:
+        images = read_images(split, count).float() / 255
+        self.features = F.avg_pool2d(images[:, None], 4).flatten(1)
+        self.images, self.flip = images, flip
+        self.labels = (self.features.sum(1) * 10 / self.features.sum(1).max()).long().clamp(max=9)
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        features = self.features[index]
+        if self.flip and torch.rand(()) < 0.5:
+            features = features.view(7, 7).flip(-1).flatten()
+        return features, self.labels[index]
+
+
+class PooledStream(IterableDataset):
+    """The same samples as a stream, shared out among loader workers."""
+
+    def __init__(self, dataset: PooledImages) -> None:
+        self.dataset = dataset
+
+    def __iter__(self) -> Any:
+        worker = get_worker_info()
+        start, step = (worker.id, worker.num_workers) if worker else (0, 1)
+        return (self.dataset[i] for i in range(start, len(self.dataset), step))
+
+
+class GeneratedData(LightningDataModule):
+    def __init__(
+        self,
+        loader: str = "map",
+        sampler: str = "shuffle",
+        batch_size: int = 16,
+        drop_last: bool = False,
+        num_workers: int = 0,
+        augment: bool = False,
+        train_size: int = 112,
+    ) -> None:
+        """
+        Args:
+            loader: map (a DataLoader over a map-style dataset), batch_sampler (`DataLoader(batch_sampler=...)`),
+                iterable (an IterableDataset), stateful (torchdata's StatefulDataLoader, shuffled).
+            sampler: the map-style loader's order: shuffle (`shuffle=True`), sequential (`shuffle=False`), random
+                (a RandomSampler given), weighted (WeightedRandomSampler), subset (SubsetRandomSampler over 3/4 of
+                the samples), num_samples (a RandomSampler drawing 3/4 of them an epoch).
+            batch_size: samples a batch.
+            drop_last: drop an epoch's last, incomplete batch.
+            num_workers: loader worker processes.
+            augment: flip half of the training images at random in `__getitem__`.
+            train_size: training samples.
+        """
+        super().__init__()
+        self.save_hyperparameters()
+
+    def setup(self, stage: str) -> None:
+        self.train = PooledImages("train", self.hparams.train_size, flip=self.hparams.augment)
+        self.val = PooledImages("t10k", 48, flip=False)
+
+    def train_dataloader(self) -> Any:
+        h, data = self.hparams, self.train
+        workers = {"num_workers": h.num_workers, "persistent_workers": h.num_workers > 0}
+        if h.loader == "iterable":
+            return DataLoader(PooledStream(data), batch_size=h.batch_size, **workers)
+        if h.loader == "stateful":
+            from torchdata.stateful_dataloader import StatefulDataLoader
+
+            return StatefulDataLoader(data, batch_size=h.batch_size, shuffle=True, drop_last=h.drop_last, **workers)
+        if h.loader == "batch_sampler":
+            batches = BatchSampler(RandomSampler(data), h.batch_size, drop_last=h.drop_last)
+            return DataLoader(data, batch_sampler=batches, **workers)
+        if h.sampler in ("shuffle", "sequential"):
+            return DataLoader(data, h.batch_size, shuffle=h.sampler == "shuffle", drop_last=h.drop_last, **workers)
+        three_quarters = len(data) * 3 // 4
+        sampler = {
+            "random": lambda: RandomSampler(data),
+            "weighted": lambda: WeightedRandomSampler(torch.where(data.labels < 5, 2.0, 1.0), len(data)),
+            "subset": lambda: SubsetRandomSampler(range(three_quarters)),
+            "num_samples": lambda: RandomSampler(data, num_samples=three_quarters),
+        }[h.sampler]()
+        return DataLoader(data, h.batch_size, sampler=sampler, drop_last=h.drop_last, **workers)
+
+    def val_dataloader(self) -> DataLoader:
+        return DataLoader(self.val, batch_size=16)
+
+
+class TrainedBatches(Callback):
+    """A stateful callback: a fingerprint of every batch trained, in order, and the validation loss of every
+    validation with its step (so a resumed run that trains other samples or logs other metrics differs)."""
+
+    def __init__(self) -> None:
+        self.fingerprint = ""
+        self.validations: list[tuple[int, float]] = []
+
+    def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int) -> None:
+        data = self.fingerprint.encode() + batch[0].cpu().numpy().tobytes()
+        self.fingerprint = hashlib.blake2b(data, digest_size=8).hexdigest()
+
+    def on_validation_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if not trainer.sanity_checking and "val_loss" in trainer.callback_metrics:
+            self.validations.append((trainer.global_step, trainer.callback_metrics["val_loss"].item()))
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"fingerprint": self.fingerprint, "validations": self.validations}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.fingerprint, self.validations = state_dict["fingerprint"], list(state_dict["validations"])
+
+
+class SigtermAfterBatches(Callback):
+    """A real SIGTERM to this process after the `count`-th training batch it runs (from 1), as `kill` sends it."""
+
+    def __init__(self, count: int) -> None:
+        self.count, self.seen = count, 0
+
+    def on_train_batch_end(self, trainer: Trainer, *args: Any) -> None:
+        self.seen += 1
+        if self.seen == self.count:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+
+class SigtermInValidation(Callback):
+    """A real SIGTERM in the middle of the `index`-th validation inside fit (from 0; sanity checks not counted)."""
+
+    def __init__(self, index: int) -> None:
+        self.index, self.seen = index, -1
+
+    def on_validation_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self.seen += 0 if trainer.sanity_checking else 1
+
+    def on_validation_batch_end(self, trainer: Trainer, *args: Any) -> None:
+        if not trainer.sanity_checking and self.seen == self.index:
+            self.seen = -(10**9)  # once
+            os.kill(os.getpid(), signal.SIGTERM)
+
+
+class KeepEveryCheckpoint(TorchCheckpointIO):
+    """Writes each checkpoint as usual, and a copy of it in `snapshots/` (numbered in the order written): what a
+    hard kill (SIGKILL, a power cut) right after that write leaves on disk."""
+
+    def __init__(self, folder: str = "snapshots") -> None:
+        super().__init__()
+        self.folder, self.written = Path(folder), 0
+
+    def save_checkpoint(self, checkpoint: dict[str, Any], path: Any, storage_options: Any = None) -> None:
+        super().save_checkpoint(checkpoint, path, storage_options)
+        self.folder.mkdir(parents=True, exist_ok=True)
+        super().save_checkpoint(checkpoint, self.folder / f"{self.written:03d}-{Path(path).name}")
+        self.written += 1

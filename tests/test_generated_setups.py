@@ -1,0 +1,306 @@
+"""Exact resume over generated setups: Hypothesis draws a user's Lightning setup (tests/generated_setups.py) and a
+stop, and the run stopped there and resumed with `--ckpt_path` must end bit-identical to the run never stopped
+(weights, buffers, optimizer and scheduler states, global step, the module's own checkpoint entry, a stateful
+callback's fingerprint of every trained batch and of every validation's loss), or must have been told at its start,
+in one line, why it cannot be exact (`ExactResume: ...`), or refused in one line.
+
+Every run goes through train.py's CLI in this process (`ProjectCLI`), as `python train.py fit ...` runs it. The
+stops: a real SIGTERM after any training batch of the run (an epoch's last included) or inside any validation, and a
+hard kill right after any checkpoint was written (the resume starts from that file as it was on disk).
+
+`make test-all` runs a fixed, derandomized set of examples; `make resume-fuzz EXAMPLES=N` as many as asked
+(RESUME_FUZZ_SEED picks another set). A failure is shrunk to its smallest setup, printed with the commands that
+replay it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import tempfile
+import warnings
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from hypothesis import HealthCheck, Phase, example, given, note, seed, settings
+from hypothesis import strategies as st
+from lightning.pytorch.utilities.exceptions import SIGTERMException
+
+from lightning_template.engine.cli import ProjectCLI
+from lightning_template.engine.errors import ProjectError
+
+from tests import generated_setups as user
+
+EXAMPLES = int(os.environ.get("RESUME_FUZZ_EXAMPLES", 12))
+FUZZ_SEED = int(os.environ.get("RESUME_FUZZ_SEED", 0))
+QUIET = [
+    "--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false", "--trainer.log_every_n_steps=2",
+    "--trainer.num_sanity_val_steps=0",
+]  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Setup:
+    """A user's setup: the module's, the datamodule's and the Trainer's arguments, and the callbacks it adds."""
+
+    model: dict[str, Any] = field(default_factory=dict)
+    data: dict[str, Any] = field(default_factory=dict)
+    trainer: dict[str, Any] = field(default_factory=dict)
+    step_checkpoints: int | None = None  # a ModelCheckpoint every N optimizer steps, all kept
+
+    def args(self) -> list[str]:
+        args = ["--model=tests.generated_setups.GeneratedModule", "--data=tests.generated_setups.GeneratedData"]
+        args += [f"--model.{k}={v}" for k, v in self.model.items()]
+        args += [f"--data.{k}={v}" for k, v in self.data.items()]
+        args += [f"--trainer.{k}={v}" for k, v in self.trainer.items()]
+        args += ["--trainer.callbacks+=tests.generated_setups.TrainedBatches"]
+        if self.step_checkpoints:
+            args += [
+                "--trainer.callbacks+=ModelCheckpoint", f"--trainer.callbacks.every_n_train_steps={self.step_checkpoints}",
+                "--trainer.callbacks.save_top_k=-1", "--trainer.callbacks.filename={step}",
+            ]  # fmt: skip
+        return [*args, *QUIET]
+
+
+@dataclass(frozen=True)
+class Stop:
+    """How the run is stopped: `sigterm` after training batch `at % batches + 1`, `validation` (a SIGTERM inside
+    validation `at % validations`), or `kill` right after checkpoint `at % checkpoints` was written."""
+
+    kind: str
+    at: int
+
+
+@st.composite
+def setups(draw: st.DrawFn) -> Setup:
+    optimization = draw(st.sampled_from(["automatic", "automatic", "manual", "manual-two"]))
+    automatic = optimization == "automatic"
+    loader = draw(st.sampled_from(user.LOADERS))
+    iterable = loader == "iterable"
+    scheduler = draw(st.none() | st.sampled_from(user.SCHEDULERS))
+    if iterable and scheduler == "OneCycleLR":  # a stream has no length to plan the cycle by
+        scheduler = "CosineAnnealingLR"
+    interval = "step" if scheduler == "OneCycleLR" else draw(st.sampled_from(["epoch", "step"]))
+    every_other_epoch = draw(st.booleans()) and not iterable
+    model = {
+        "optimization": optimization,
+        "returns": "dict"
+        if scheduler == "ReduceLROnPlateau" and automatic
+        else draw(st.sampled_from(["list", "dict"])),
+        "scheduler": scheduler,
+        "interval": interval,
+        "frequency": draw(st.integers(1, 2)),
+        # A plateau stepped at every step or every other epoch finds no val_loss at first: Lightning's docs say strict
+        # False there.
+        "strict": interval == "epoch" and not every_other_epoch,
+        "dropout": draw(st.sampled_from([0.0, 0.2])),
+        "step_buffer": draw(st.booleans()),
+        "checkpoint_entry": draw(st.booleans()),
+    }
+    if scheduler is None:
+        model = {k: v for k, v in model.items() if k in ("optimization", "dropout", "step_buffer", "checkpoint_entry")}
+    data = {
+        "loader": loader,
+        "batch_size": draw(st.sampled_from([12, 16])),
+        "num_workers": draw(st.sampled_from([0, 0, 2])),
+        "augment": draw(st.booleans()),
+        "train_size": draw(st.sampled_from([100, 112])),
+    }
+    if loader == "map":
+        data["sampler"] = draw(st.sampled_from(user.SAMPLERS))
+    if loader != "iterable":
+        data["drop_last"] = draw(st.booleans())
+    trainer: dict[str, Any] = {}
+    if automatic:
+        trainer["accumulate_grad_batches"] = draw(st.integers(1, 3))
+        if draw(st.booleans()):
+            trainer["gradient_clip_val"] = 0.5
+    if draw(st.booleans()):
+        trainer["max_epochs"] = draw(st.integers(2, 3))
+    else:
+        trainer["max_steps"] = draw(st.integers(7, 15))
+    if not iterable and draw(st.booleans()):
+        trainer["limit_train_batches"] = 0.75
+    validation = draw(st.sampled_from(["epoch", "fraction", "batches"]))
+    if validation == "fraction" and not iterable:
+        trainer["val_check_interval"] = 0.5
+    elif validation == "batches":
+        trainer["val_check_interval"] = 3
+    if every_other_epoch:
+        trainer["check_val_every_n_epoch"] = 2
+    if draw(st.booleans()):
+        trainer["precision"] = "bf16-mixed"
+    step_checkpoints = draw(st.none() | st.integers(2, 3))
+    return Setup(model, data, trainer, step_checkpoints)
+
+
+stops = st.builds(
+    Stop, kind=st.sampled_from(["sigterm", "sigterm", "validation", "kill", "kill"]), at=st.integers(0, 999)
+)
+
+
+@dataclass
+class Reference:
+    """The run never stopped: its end, and what a stop can be drawn from."""
+
+    outcome: dict[str, Any]
+    batches: int  # training batches it ran
+    validations: int  # validations inside fit
+    checkpoints: list[Path]  # every checkpoint file it wrote, in order (copies)
+
+
+REFERENCES: dict[str, Reference] = {}
+
+
+@contextlib.contextmanager
+def inside(folder: Path) -> Iterator[None]:
+    folder.mkdir(parents=True, exist_ok=True)
+    previous = Path.cwd()
+    os.chdir(folder)
+    try:
+        yield
+    finally:
+        os.chdir(previous)
+
+
+def run(args: list[str], folder: Path) -> tuple[ProjectCLI | None, list[str]]:
+    """`train.py fit <args>` in `folder`, in this process; the CLI (None if stopped) and the engine's warnings."""
+    cli = None
+    with inside(folder), warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with contextlib.suppress(SIGTERMException):  # stopped at a step boundary (train.py exits 143)
+            cli = ProjectCLI(args=["fit", *args])
+    return cli, [str(w.message) for w in caught if "ExactResume" in str(w.message)]
+
+
+def equal(a: Any, b: Any) -> bool:
+    """Bit-identical nested states (tensors, numbers, lists, dicts)."""
+    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+        return isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and torch.equal(a, b)
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(equal(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return len(a) == len(b) and all(equal(x, y) for x, y in zip(a, b, strict=True))
+    return a == b
+
+
+def outcome(cli: ProjectCLI) -> dict[str, Any]:
+    trainer, module = cli.trainer, cli.model
+    recorder = next(c for c in trainer.callbacks if isinstance(c, user.TrainedBatches))
+    return {
+        "global_step": trainer.global_step,
+        "weights and buffers": module.state_dict(),
+        "optimizers": [optimizer.state_dict() for optimizer in trainer.optimizers],
+        "schedulers": [config.scheduler.state_dict() for config in trainer.lr_scheduler_configs],
+        "samples_seen": module.samples_seen if module.hparams.get("checkpoint_entry") else None,
+        "trained batches": recorder.fingerprint,
+        "validations": recorder.validations,
+    }
+
+
+def reference(setup: Setup, root: Path) -> Reference:
+    key = json.dumps(asdict(setup), sort_keys=True)
+    if key not in REFERENCES:
+        folder = root / f"reference-{len(REFERENCES)}"
+        cli, _ = run([*setup.args(), "--trainer.plugins=tests.generated_setups.KeepEveryCheckpoint"], folder)
+        assert cli is not None
+        recorder = next(c for c in cli.trainer.callbacks if isinstance(c, user.TrainedBatches))
+        batches = cli.trainer.fit_loop.total_batch_idx + 1
+        REFERENCES[key] = Reference(
+            outcome(cli), batches, len(recorder.validations), sorted((folder / "snapshots").glob("*.ckpt"))
+        )
+    return REFERENCES[key]
+
+
+def stop_flags(stop: Stop, ref: Reference) -> list[str] | Path:
+    """The flags that stop the run, or the checkpoint a hard kill leaves."""
+    if stop.kind == "kill":
+        return ref.checkpoints[stop.at % len(ref.checkpoints)]
+    if stop.kind == "validation" and ref.validations:
+        index = stop.at % ref.validations
+        return ["--trainer.callbacks+=tests.generated_setups.SigtermInValidation", f"--trainer.callbacks.index={index}"]
+    count = stop.at % ref.batches + 1
+    return ["--trainer.callbacks+=tests.generated_setups.SigtermAfterBatches", f"--trainer.callbacks.count={count}"]
+
+
+def replay(setup: Setup, stop: Stop) -> str:
+    spec = json.dumps({"setup": asdict(setup), "stop": asdict(stop)})
+    command = " ".join(["python train.py fit", *(f"'{a}'" if "{" in a else a for a in setup.args())])
+    return (
+        f"\nreplay: RESUME_SETUP='{spec}' .venv/bin/python -m pytest tests/test_generated_setups.py::test_replay -s"
+        f"\nthe uninterrupted run by hand: {command}"
+    )
+
+
+def check(setup: Setup, stop: Stop, root: Path) -> str:
+    """Stop the setup's run, resume it, compare with the run never stopped; what happened, in a word."""
+    ref = reference(setup, root)
+    folder = root / f"stopped-{len(list(root.iterdir()))}"
+    stopping = stop_flags(stop, ref)
+    told: list[str] = []
+    if isinstance(stopping, Path):  # a hard kill: what is on disk is that file, resumed by its path
+        start = f"--ckpt_path={stopping}"
+    else:
+        _, told = run([*setup.args(), *stopping], folder)
+        start = "--ckpt_path=last"
+    try:
+        resumed, told_again = run([*setup.args(), start], folder)
+    except ProjectError as refusal:
+        assert "\n" not in str(refusal), f"a refusal must be one line: {refusal}"
+        return "refused"
+    assert resumed is not None, "the resumed run was stopped"
+    told += told_again
+    expected, got = ref.outcome, outcome(resumed)
+    differ = [key for key in expected if not equal(expected[key], got[key])]
+    if differ and told:
+        return "warned"
+    assert not differ, (
+        f"the resumed run differs from the one never stopped in: {', '.join(differ)}"
+        f" (global step {got['global_step']} vs {expected['global_step']}){replay(setup, stop)}"
+    )
+    return "exact"
+
+
+@pytest.fixture(scope="module")
+def workdir() -> Iterator[Path]:
+    with tempfile.TemporaryDirectory(prefix="generated-setups-") as folder:
+        yield Path(folder)
+
+
+# The smallest setups the generator found, pinned so that each stays fixed.
+PLATEAU = Setup(
+    model={"scheduler": "ReduceLROnPlateau", "interval": "epoch", "returns": "dict", "strict": True},
+    data={"loader": "map"},
+    trainer={"max_epochs": 3},
+)
+
+
+@pytest.mark.slow
+@seed(FUZZ_SEED)
+@settings(
+    max_examples=EXAMPLES, deadline=None, derandomize=FUZZ_SEED == 0, database=None, print_blob=True,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.function_scoped_fixture],
+    phases=[Phase.explicit, Phase.generate, Phase.shrink],
+)  # fmt: skip
+@example(setup=PLATEAU, stop=Stop("sigterm", 6))  # an epoch's last batch
+@example(setup=PLATEAU, stop=Stop("kill", 1))  # right after the first epoch's last.ckpt
+@given(setup=setups(), stop=stops)
+def test_a_generated_setup_resumes_exactly_or_is_told_why_not(setup: Setup, stop: Stop, workdir: Path) -> None:
+    note(replay(setup, stop))
+    result = check(setup, stop, workdir)
+    note(result)
+
+
+def test_replay(workdir: Path) -> None:
+    """One setup and stop, given as RESUME_SETUP (the line a failure prints)."""
+    spec = os.environ.get("RESUME_SETUP")
+    if not spec:
+        pytest.skip("RESUME_SETUP not set: the line a failing generated setup prints")
+    given_ = json.loads(spec)
+    setup, stop = Setup(**given_["setup"]), Stop(**given_["stop"])
+    print(check(setup, stop, workdir))
