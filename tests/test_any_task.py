@@ -17,6 +17,7 @@ import torch
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from lightning_template.engine.cli import ProjectCLI
+from lightning_template.engine.errors import ConfigError, MissingFileError
 
 from tests.conftest import last_checkpoint, sigterm_at, train_process
 from tests.helpers import same_state
@@ -175,3 +176,76 @@ def test_resuming_from_the_path_of_a_runs_checkpoint_continues_that_run_as_last_
     ProjectCLI(args=[*args, *other])
     assert torch.load("logs/other/version_0/checkpoints/last.ckpt", weights_only=True)["global_step"] == 8
     assert torch.load(printed, weights_only=True)["global_step"] == 6  # untouched: not this experiment's run
+
+
+@pytest.mark.slow
+def test_a_run_stopped_mid_epoch_resumes_only_with_its_own_seed(tmp_path: Path, monkeypatch) -> None:
+    """Another seed would order the rest of the epoch anew while skipping the batches done: refused in one line. At
+    an epoch end it only orders the epochs to come, and is said."""
+    monkeypatch.chdir(tmp_path)
+    args = ["fit", *PLAIN, *SHORT, "--data.train_size=160", "--trainer.enable_progress_bar=false"]
+    with contextlib.suppress(SIGTERMException):
+        ProjectCLI(args=[*args, *sigterm_at(epoch=0, batch=2)])
+    with pytest.raises(ConfigError, match=r"middle of epoch 0 of a run seeded 42, not 7: .* --seed_everything 42,"):
+        ProjectCLI(args=[*args, "--ckpt_path=last", "--seed_everything=7"])
+    assert last_checkpoint(tmp_path)["global_step"] == 3  # untouched by the refused resume
+    with contextlib.suppress(SIGTERMException):
+        ProjectCLI(args=[*args, "--ckpt_path=last", *sigterm_at(epoch=0, batch=4)])  # the epoch's last batch
+    with pytest.warns(UserWarning, match=r"The checkpoint's run was seeded 42; it goes on with seed 7: the epochs fr"):
+        ProjectCLI(args=[*args, "--ckpt_path=last", "--seed_everything=7"])
+    assert last_checkpoint(tmp_path)["global_step"] == 10
+
+
+@pytest.mark.slow
+def test_best_and_last_are_found_in_the_runs_of_the_job_for_every_command(tmp_path: Path, monkeypatch) -> None:
+    """`--ckpt_path best` validates the best epoch of the job's newest run that has one; a job without one says so."""
+    monkeypatch.chdir(tmp_path)
+    args = [*PLAIN, "--data.train_size=64", "--trainer.enable_progress_bar=false", "--trainer.limit_val_batches=2"]
+    ProjectCLI(args=["fit", *args, "--trainer.max_epochs=2", "--trainer.enable_model_summary=false"])
+    (best,) = tmp_path.glob("logs/regressor/version_0/checkpoints/epoch=*.ckpt")
+    cli = ProjectCLI(args=["validate", *args, "--ckpt_path=best"])
+    assert cli.trainer.ckpt_path == str(best.relative_to(tmp_path))
+    score = float(best.stem.rpartition("val_loss=")[2])
+    assert float(cli.trainer.callback_metrics["val_loss"]) == pytest.approx(score, abs=1e-4)
+    ProjectCLI(args=["fit", *args, "--trainer.max_epochs=1", "--trainer.logger.init_args.name=none",
+                     "--checkpoint.monitor=null", "--early_stopping.monitor=null"])  # fmt: skip
+    with pytest.raises(MissingFileError, match=r"--ckpt_path best: no best-epoch checkpoint recorded in logs/none/"):
+        ProjectCLI(args=["test", *args, "--ckpt_path=best", "--trainer.logger.init_args.name=none"])
+
+
+@pytest.mark.slow
+def test_a_run_continued_from_an_earlier_checkpoint_goes_on_in_a_new_run(tmp_path: Path, monkeypatch, caplog):
+    """A learning rate of 0: epoch 1 stays the best of 3. Continued from it, the run's later epochs are not written or
+    logged again in its folder: a new run, said in one line."""
+    monkeypatch.chdir(tmp_path)
+    args = ["fit", *PLAIN, *SHORT, "--data.train_size=64", "--model.lr=0", "--trainer.max_epochs=3"]
+    ProjectCLI(args=args)
+    run = tmp_path / "logs/regressor/version_0"
+    (best,) = run.glob("checkpoints/epoch=*.ckpt")
+    before = {p.name: p.stat().st_mtime_ns for p in run.rglob("*")}
+    assert best.name.startswith("epoch=1-") and torch.load(best, weights_only=True)["global_step"] == 2
+    ProjectCLI(args=[*args, f"--ckpt_path={best}"])
+    assert {p.name: p.stat().st_mtime_ns for p in run.rglob("*")} == before  # not a file of the run rewritten
+    branch = torch.load(tmp_path / "logs/regressor/version_1/checkpoints/last.ckpt", weights_only=True)
+    assert branch["global_step"] == 6
+    assert f"--ckpt_path {best} is step 2 of {run}, which went on to step 6: continuing from it in a new run" in (
+        caplog.text
+    )
+
+
+@pytest.mark.slow
+def test_a_run_continued_with_other_data_is_refused_and_keeps_its_record(tmp_path: Path, monkeypatch) -> None:
+    """The run's config.yaml says how it was trained: continuing it with other data flags is refused in one line."""
+    monkeypatch.chdir(tmp_path)
+    args = ["fit", *PLAIN, *SHORT, "--data.train_size=64", "--trainer.max_epochs=1"]
+    ProjectCLI(args=args)
+    last, saved = Path("logs/regressor/version_0/checkpoints/last.ckpt"), Path("logs/regressor/version_0/config.yaml")
+    record = saved.read_text()
+    more = [*args, "--trainer.max_epochs=2", f"--ckpt_path={last}"]
+    with pytest.raises(ConfigError) as refused:
+        ProjectCLI(args=[*more, "--data.batch_size=16"])
+    message = str(refused.value)
+    assert "\n" not in message and "--data.batch_size 16 (the run: 32)" in message
+    assert "--trainer.logger.init_args.name <name>" in message and saved.read_text() == record
+    ProjectCLI(args=[*more, "--data.num_workers=1"])  # how the data loads is not what it is
+    assert torch.load(last, weights_only=True)["global_step"] == 4

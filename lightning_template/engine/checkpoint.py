@@ -27,6 +27,7 @@ class RunCheckpoint:
     tracker_runs: dict[str, str]  # {logger class: run id} of the run that wrote it
     shapes: dict[str, tuple[int, ...]]  # of the model's state dict
     global_step: int
+    best_model_path: str | None  # the run's best-epoch checkpoint when this one was written, if it had one
 
     @property
     def model_class(self) -> str | None:
@@ -63,7 +64,15 @@ class RunCheckpoint:
             tracker_runs=dict(checkpoint.get(CHECKPOINT_KEY, {})),
             shapes={k: tuple(v.shape) for k, v in checkpoint["state_dict"].items() if isinstance(v, torch.Tensor)},
             global_step=int(checkpoint.get("global_step", 0)),
+            best_model_path=_best_of(checkpoint.get("callbacks") or {}),
         )
+
+    def best_checkpoint(self) -> Path | None:
+        """The run's best-epoch checkpoint, found next to this one (its folder may have moved since), if it is there."""
+        if not self.best_model_path:
+            return None
+        beside = self.path.parent / Path(self.best_model_path).name
+        return next((p for p in (beside, Path(self.best_model_path)) if p.is_file()), None)
 
     def datamodule_state(self, class_name: str) -> dict[str, Any] | None:
         """What the datamodule of class `class_name` saved (its `state_dict()`), as Lightning stores it."""
@@ -77,3 +86,13 @@ class RunCheckpoint:
             for name, tensor in state_dict.items()
             if name in self.shapes and self.shapes[name] != tuple(tensor.shape)
         ]
+
+
+def _best_of(callbacks: dict[str, Any]) -> str | None:
+    """The best checkpoint that a run's monitoring ModelCheckpoint recorded (the project's BestCheckpoint first)."""
+    states = [
+        (not name.startswith("BestCheckpoint"), state["best_model_path"])
+        for name, state in callbacks.items()
+        if isinstance(state, dict) and state.get("monitor") and state.get("best_model_path")
+    ]
+    return min(states)[1] if states else None

@@ -72,6 +72,8 @@ TASKS = "lightning_template.tasks"  # its subpackages' classes can be named with
 # Facts about the data, stated once by the datamodule and passed to the model's argument of the same name (when
 # both have it): `num_classes` is never typed twice. Add your datamodule's facts here.
 DATA_FACTS = ("num_classes", "input_shape", "vocab_size", "pad_id", "max_length")
+# Data settings that change how the data loads, not what it is: a run may continue with others.
+HOW_DATA_LOADS = ("num_workers", "pin_memory", "persistent_workers", "prefetch_factor")
 
 
 def installed_callbacks() -> list[Any]:
@@ -276,13 +278,18 @@ class ProjectCLI(CLIHooks):
         self.run_checkpoint = self._resolve_checkpoint(config, subcommand)
 
     def _resolve_checkpoint(self, config: Any, subcommand: str | None) -> RunCheckpoint | None:
-        """The run's checkpoint, read once: `--ckpt_path <file>`, or `last` (the newest last.ckpt of this
-        experiment). Resuming `fit` from a checkpoint of one of this experiment's runs (`last`, or its path)
-        continues that run: the same version folder, or tracker run."""
+        """The run's checkpoint, read once: `--ckpt_path <file>`, `last` (the newest last.ckpt of this experiment) or
+        `best` (the best-epoch checkpoint of its newest run that has one). Resuming `fit` from a checkpoint of one of
+        this experiment's runs (`last`, or its path) continues that run: the same version folder, or tracker run."""
         path = config.get("ckpt_path")
-        if not path or path in {"best", "hpc"}:
+        if not path or path == "hpc":
             return None
-        found = self._last_checkpoint(config, subcommand) if path == "last" else RunCheckpoint.read(path)
+        if path == "last":
+            found = self._last_checkpoint(config, subcommand)
+        elif path == "best":
+            found = self._best_checkpoint(config)
+        else:
+            found = RunCheckpoint.read(path)
         if found is None:
             config.ckpt_path = None
             return None
@@ -292,35 +299,89 @@ class ProjectCLI(CLIHooks):
             rank_zero_info(f"Resuming from {config.ckpt_path}")
         return found
 
-    @staticmethod
-    def _continue_its_run(config: Any, found: RunCheckpoint) -> None:
-        """A checkpoint of one of this experiment's runs (<folder>/<run>/checkpoints/<file>) continues that run."""
+    def _continue_its_run(self, config: Any, found: RunCheckpoint) -> None:
+        """A checkpoint of one of this experiment's runs (<folder>/<run>/checkpoints/<file>) continues that run, with
+        the data it was trained with, where it is the run's latest state. One that the run went on from (an earlier
+        best epoch) starts a new run: continuing that one would write its later checkpoints again beside the first
+        ones and log its later steps twice."""
         logger = config.trainer.get("logger")
         logger_class = logger_type(logger)
         if logger_class not in RUN_ARG or not can_continue(logger_class, found.tracker_runs):
             return
         folder = _experiment_folder(config)
-        if folder is not None and folder.resolve() in found.path.resolve().parents[2:3]:
-            logger.init_args[RUN_ARG[logger_class]] = found.tracker_runs.get(logger_class) or found.path.parents[1].name
+        if folder is None or folder.resolve() not in found.path.resolve().parents[2:3]:
+            return
+        run, last = found.path.parents[1], found.path.parent / "last.ckpt"
+        went_on = RunCheckpoint.read(last).global_step if last.is_file() and last != found.path else found.global_step
+        if went_on > found.global_step:
+            rank_zero_info(
+                f"--ckpt_path {found.path} is step {found.global_step} of {run}, which went on to step {went_on}:"
+                f" continuing from it in a new run ({run} stays as it is)."
+            )
+            return
+        self._check_same_data(config, found, run)
+        logger.init_args[RUN_ARG[logger_class]] = found.tracker_runs.get(logger_class) or run.name
+
+    def _check_same_data(self, config: Any, found: RunCheckpoint, run: Path) -> None:
+        """Continuing a run with other data would rewrite its config.yaml, the record of how it was trained."""
+        saved = run / "config.yaml"
+        if not saved.is_file():
+            return
+        before = _flat((yaml.safe_load(saved.read_text()) or {}).get("data"))
+        now = _flat(yaml.safe_load(subcommand_parser(self, "fit").dump(config, skip_none=False)).get("data"))
+        changed = [
+            f"--data.{key} {now.get(key)!r} (the run: {before.get(key)!r})"
+            for key in sorted(before.keys() | now.keys())
+            if before.get(key) != now.get(key) and key.rpartition(".")[2] not in HOW_DATA_LOADS
+        ]
+        if changed:
+            experiment = EXPERIMENT_ARG.get(logger_type(config.trainer.get("logger")), "name")
+            raise ConfigError(
+                f"--ckpt_path {found.path} continues the run {run}, which was trained with other data: "
+                f"{', '.join(changed)}. Continue it with its own data (its config.yaml), or from this checkpoint in a"
+                f" new run of another name: --trainer.logger.init_args.{experiment} <name>."
+            )
 
     @staticmethod
-    def _last_checkpoint(config: Any, subcommand: str | None) -> RunCheckpoint | None:
+    def _runs_newest_first(config: Any) -> tuple[Path | None, list[RunCheckpoint]]:
+        """This experiment's folder and the last.ckpt of each of its runs that this logger can continue, newest
+        first."""
+        folder = _experiment_folder(config)
+        if folder is None:
+            return None, []
+        logger_class = logger_type(config.trainer.get("logger"))
+        paths = sorted(folder.glob("*/checkpoints/last.ckpt"), key=lambda p: p.stat().st_mtime, reverse=True)
+        return folder, [r for r in map(RunCheckpoint.read, paths) if can_continue(logger_class, r.tracker_runs)]
+
+    def _last_checkpoint(self, config: Any, subcommand: str | None) -> RunCheckpoint | None:
         """`--ckpt_path last`: the newest last.ckpt of this experiment, across its runs, that this logger can continue.
 
         Lightning alone only looks in the new run's own (empty) folder and would silently start from scratch.
         """
-        folder = _experiment_folder(config)
+        folder, runs = self._runs_newest_first(config)
+        if runs:
+            return runs[0]
         if folder is None:
             return None
-        logger_class = logger_type(config.trainer.get("logger"))
-        for path in sorted(folder.glob("*/checkpoints/last.ckpt"), key=lambda p: p.stat().st_mtime, reverse=True):
-            record = RunCheckpoint.read(path)
-            if can_continue(logger_class, record.tracker_runs):
-                return record
         if subcommand != "fit":
             raise MissingFileError(f"--ckpt_path last: no {folder}/*/checkpoints/last.ckpt found.")
         rank_zero_warn(f"--ckpt_path last: nothing to resume in {folder}; starting from scratch.")
         return None
+
+    def _best_checkpoint(self, config: Any) -> RunCheckpoint:
+        """`--ckpt_path best`: the best-epoch checkpoint of this experiment's newest run that has one (Lightning's
+        `best` means the best of a `fit` in the same process)."""
+        folder, runs = self._runs_newest_first(config)
+        if folder is None:
+            raise MissingFileError("--ckpt_path best: this run has no logger, so no run folder to look in; give the"
+                                   " checkpoint's path.")  # fmt: skip
+        best = next((path for path in (run.best_checkpoint() for run in runs) if path is not None), None)
+        if best is None:
+            raise MissingFileError(
+                f"--ckpt_path best: no best-epoch checkpoint recorded in {folder}/*/checkpoints/last.ckpt (a run"
+                " writes one where --checkpoint.monitor names a metric); give a checkpoint's path, or `last`."
+            )
+        return RunCheckpoint.read(best)
 
     def apply_checkpoint(self) -> None:
         """The model is built with the checkpoint's class and hyper-parameters, over the config: refuse a checkpoint
@@ -535,6 +596,13 @@ def model_config(record: RunCheckpoint) -> dict[str, Any]:
 def _setting(key: str) -> str:
     """A model setting's key without jsonargparse's `init_args`: `optimizer.init_args.lr` -> `optimizer.lr`."""
     return ".".join(part for part in key.split(".") if part != "init_args")
+
+
+def _flat(section: Any, prefix: str = "") -> dict[str, Any]:
+    """A config section read from YAML as {`key.sub`: value}, without jsonargparse's `init_args`."""
+    if not isinstance(section, dict):
+        return {_setting(prefix): section} if prefix else {}
+    return {k: v for key, value in section.items() for k, v in _flat(value, f"{prefix}.{key}".lstrip(".")).items()}
 
 
 def _leaves(namespace: Any) -> dict[str, Any]:
