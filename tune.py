@@ -5,8 +5,10 @@
 
 Flags after the options below go to every trial's `train.py fit` (a shorter budget, a preset).
 Run the same command again to continue a stopped search (with other train.py flags it is refused:
-a study keeps the settings it was started with); run it on several machines with one
-`--storage` URL to search in parallel. Results: logs/tune/<study>/{results.csv,results.md,<study>_best.yaml,plots/}.
+a study keeps the settings it was started with). `--workers N` runs N trials at once (one per GPU,
+or N processes sharing the CPU's threads); on several machines, start tune.py on each with one
+`--storage` URL (configs/slurm/tune.sbatch).
+Results: logs/tune/<study>/{results.csv,results.md,<study>_best.yaml,plots/}.
 See lightning_template/search/search.py for how interruptions are handled.
 """
 
@@ -19,7 +21,8 @@ from pathlib import Path
 
 import optuna
 
-from lightning_template.search import runs
+from lightning_template.engine.errors import ConfigError
+from lightning_template.search import runs, workers
 from lightning_template.search.search import (
     Search,
     SearchError,
@@ -49,14 +52,17 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     parser.add_argument("--pruner", default="median", choices=["median", "none"])
     parser.add_argument("--prune_after_epochs", type=int, default=1, help="Never prune before this many epochs.")
     parser.add_argument("--seed", type=int, help="Sampler seed (the trials' own seed is train.py's).")
+    workers.add_options(parser)
     return parser.parse_known_args(argv)
 
 
 def main(argv: list[str] | None = None) -> None:
-    args, train_flags = parse_args(sys.argv[1:] if argv is None else argv)
+    argv = sys.argv[1:] if argv is None else argv
+    args, train_flags = parse_args(argv)
     if args.trials < 1:
         sys.exit("tune.py: --trials must be at least 1.")
     try:
+        workers.set_threads(args.threads)
         params = load_space(args.search)
         job_flags = [f"--config={c}" for c in args.config]
         config = runs.RunConfig.parse([*job_flags, *train_flags])
@@ -88,13 +94,17 @@ def main(argv: list[str] | None = None) -> None:
         )
         check_choices(study, params, args.search)
         check_settings(study, storage_url, config.settings(), params)
-    except (SpaceError, SearchError, runs.FlagError) as err:
+        environments = workers.assignments(args.workers, str(config.namespace.trainer.get("accelerator")))
+    except ConfigError as err:  # the space, the storage, train.py's flags, --workers: one line
         sys.exit(f"tune.py: {err}")
     search = Search(
         study, config, job, job_flags, train_flags, params, args.trials, f"tune/{study_name}", monitor, storage
     )
     recover(study, storage, params)
     print(f"Study '{study_name}': {args.trials - search.budget_left()} of {args.trials} trials done or running.")
+    if args.workers > 1:
+        run_workers(search, out, argv, environments)
+        return
     try:
         search.run(on_trial_end=lambda: write_report(study, search, out, final=False))
     except runs.Interrupted:  # Ctrl-C or SIGTERM: the trial saved its last.ckpt and is resumed next time
@@ -106,7 +116,30 @@ def main(argv: list[str] | None = None) -> None:
         failed = True
     else:
         failed = False
-    best = write_report(study, search, out)
+    if args.worker:  # the process that started this one reports
+        sys.exit(1 if failed else 0)
+    report(search, out, failed)
+
+
+def run_workers(search: Search, out: Path, argv: list[str], environments: list[dict[str, str]]) -> None:
+    """The search in one process per environment, on this study; the report when all have ended."""
+    codes = workers.launch(__file__, argv, environments)
+    if 128 + signal.SIGTERM in codes:  # stopped (Ctrl-C, SIGTERM): the trials saved their last.ckpt
+        write_report(search.study, search, out, final=False)
+        print(f"Search stopped ({out}/results.md so far): run the same command to continue it.", flush=True)
+        sys.exit(128 + signal.SIGTERM)
+    for i, code in enumerate(codes):
+        if code != 0:  # a worker killed outright: its trial was resumed by another, or is at the next start
+            print(f"worker {i} {workers.describe(code)}", flush=True)
+    recover(search.study, search.storage, search.params)
+    left = search.budget_left()
+    if left > 0 and 1 not in codes:
+        print(f"{left} trial(s) not run: run the same command to finish the search.", flush=True)
+    report(search, out, failed=left > 0)
+
+
+def report(search: Search, out: Path, failed: bool) -> None:
+    best = write_report(search.study, search, out)
     print(f"Results: {out}/results.md", flush=True)
     if best:
         print(f"Best config: {best}\nTrain it: python train.py fit --config {best}", flush=True)

@@ -143,7 +143,7 @@ class RunConfig:
         if "ddp" in str(trainer.get("strategy")) or trainer.get("num_nodes", 1) > 1:
             raise FlagError(
                 f"{tool} runs each training in its own process and cannot launch DDP: drop the ddp strategy/preset"
-                " (run several tune.py processes on one --storage instead, one per GPU, with CUDA_VISIBLE_DEVICES)."
+                " (for one run per GPU at once, give --workers N)."
             )
 
 

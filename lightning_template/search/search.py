@@ -9,9 +9,10 @@ run in `logs/tune/<study>/trial_NNNN/`. Running the same command again continues
 - the budget `--trials` counts finished trials (complete or pruned) of the whole study, so
   several processes or machines on one storage URL share it without running more.
 
-A trial killed outright (SIGKILL, power loss) stays RUNNING in the database. This machine's own
-dead trials are recognised at the next start (their process is gone); other machines' are
-recognised by Optuna's heartbeat after `grace_period` seconds.
+A trial killed outright (SIGKILL, power loss) stays RUNNING in the database. Before each trial,
+and at the next start, this machine's dead trials are recognised (their process is gone); other
+machines' by Optuna's heartbeat after `grace_period` seconds. A process with no trial left to
+start waits for the trials still running elsewhere, so that it resumes any whose process dies.
 """
 
 from __future__ import annotations
@@ -37,8 +38,10 @@ from optuna_integration import PyTorchLightningPruningCallback
 from lightning_template.engine.errors import ConfigError, ProjectError
 from lightning_template.search import runs
 from lightning_template.search.space import Param
+from lightning_template.search.workers import process_alive, process_token
 
 HEARTBEAT_S, GRACE_S = 30, 120
+POLL_S = 2  # how often a worker with nothing left to start looks at the others' trials
 COUNTED = (TrialState.COMPLETE, TrialState.PRUNED)
 SKIPPED = ("surplus", "duplicate_of")  # trials not run (over budget, a repeat): not counted in the budget
 NOT_RUN = ("error", *SKIPPED)  # FAIL trials that are not re-queued (earlier versions stored skipped trials so)
@@ -122,34 +125,15 @@ def check_choices(study: optuna.Study, params: list[Param], source: Path) -> Non
                 )
 
 
-def _process_token(pid: int) -> str:
-    """pid and start time (Linux /proc), so a reused pid is not taken for the process that died."""
-    try:
-        return f"{pid}:{Path(f'/proc/{pid}/stat').read_text().rsplit(')', 1)[1].split()[19]}"
-    except (OSError, IndexError):
-        return f"{pid}:"
-
-
-def _process_alive(token: str) -> bool:
-    pid = int(token.split(":")[0])
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return _process_token(pid) == token
-
-
 def recover(study: optuna.Study, storage: RDBStorage, params: list[Param]) -> None:
     """Fail this machine's trials whose process died, then queue every interrupted trial once more."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
         optuna.storages.fail_stale_trials(study)  # other machines' trials whose heartbeat stopped
-    host, me = socket.gethostname(), _process_token(os.getpid())
+    host, me = socket.gethostname(), process_token(os.getpid())
     for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
         attrs = trial.user_attrs
-        if attrs.get("host") == host and attrs.get("process", me) != me and not _process_alive(attrs["process"]):
+        if attrs.get("host") == host and attrs.get("process", me) != me and not process_alive(attrs["process"]):
             storage.set_trial_user_attr(trial._trial_id, "interrupted", "process died")
             storage.set_trial_state_values(trial._trial_id, state=TrialState.FAIL)
     trials = study.get_trials(deepcopy=False)
@@ -209,7 +193,7 @@ class Search:
         """A trial's run; a trial that must not run is stored as what it is: a repeat of a finished trial with that
         trial's value (Optuna's own recipe), any other skipped trial as pruned, with the reason."""
         trial.set_user_attr("host", socket.gethostname())
-        trial.set_user_attr("process", _process_token(os.getpid()))
+        trial.set_user_attr("process", process_token(os.getpid()))
         if len([t for t in self.counted() if t.number < trial.number]) >= self.trials:
             trial.set_user_attr("surplus", True)
             raise optuna.TrialPruned("not run: another process took the budget's last trial first")
@@ -256,8 +240,14 @@ class Search:
     def _run(self, on_trial_end: Callable[[], None] | None) -> None:
         duplicates_in_a_row = failures_in_a_row = 0
         sampler = self.study.sampler
-        while self.budget_left() > 0 and duplicates_in_a_row < 20:
+        while duplicates_in_a_row < 20:
             recover(self.study, self.storage, self.params)  # e.g. a trial another process left behind
+            if self.budget_left() <= 0:
+                # The last trials run in other processes: wait for them, to resume any whose process dies.
+                if not self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+                    break
+                time.sleep(POLL_S)
+                continue
             waiting = self.study.get_trials(deepcopy=False, states=(TrialState.WAITING,))
             grid = isinstance(sampler, optuna.samplers.GridSampler)
             if grid and not waiting and sampler.is_exhausted(self.study):
@@ -267,7 +257,7 @@ class Search:
             self.study.optimize(self.objective, n_trials=1, catch=(TrialError,), gc_after_trial=True)
             trial = self.study.trials[before] if len(self.study.trials) > before else None
             if trial is not None and "surplus" in trial.user_attrs:
-                break
+                continue  # another process took the last trial: wait for it as for any running trial
             duplicates_in_a_row = duplicates_in_a_row + 1 if trial and "duplicate_of" in trial.user_attrs else 0
             failures_in_a_row = failures_in_a_row + 1 if trial and "error" in trial.user_attrs else 0
             if failures_in_a_row == 3:

@@ -416,3 +416,14 @@ def test_a_repeat_of_a_finished_parameter_set_is_stored_as_what_it_is_not_as_a_f
     assert not (tmp_path / "logs" / "tune" / "r" / f"trial_{repeats[0].number:04d}").exists()  # never trained
     rows = list(csv.DictReader((tmp_path / "logs" / "tune" / "r" / "results.csv").open()))
     assert [int(r["trial"]) for r in rows] == [t.number for t in ran]
+
+
+def test_a_repeated_seed_is_refused_in_one_line_before_anything_runs(tmp_path, monkeypatch):
+    """`--seeds 1 1` is one run, not two: never trained once and summarised as "mean ± std over 2 runs"."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as stop:
+        multirun.main(["--config", JOB, "--seeds", "1", "2", "1", *ONE_EPOCH])
+    assert stop.value.code == (
+        "multirun.py: --seeds 1 2 1: seed 1 is given more than once; each seed is one run: give distinct seeds."
+    )
+    assert not (tmp_path / "logs").exists()  # nothing trained

@@ -1,0 +1,153 @@
+"""Several workers at once: `tune.py --workers N` on a real PostgreSQL server, `multirun.py --workers N`."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import optuna
+import pytest
+import yaml
+from optuna.trial import TrialState
+
+from tests.conftest import ROOT
+from tests.search.test_search import JOB, write_space
+
+POSTGRES_BIN = sorted(Path("/usr/lib/postgresql").glob("*/bin/initdb"))
+# Grid trials with no pruning: which trial runs where changes with the workers, each trial's result must not.
+GRID = {"model.optimizer.init_args.lr": {"choice": [3e-3, 2e-3, 1e-3]}}
+SHORT = [
+    "--trainer.limit_train_batches=10", "--trainer.limit_val_batches=2", "--trainer.max_epochs=2",
+    "--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false", "--test_after_fit=false",
+]  # fmt: skip
+# val_loss, not val_acc: two trials never tie, so the best is the same whichever order they ran in.
+FLAGS = ["--sampler", "grid", "--pruner", "none", "--threads", "1", "--checkpoint.monitor=val_loss",
+         "--checkpoint.mode=min", *SHORT]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def postgres() -> Iterator[str]:
+    """A PostgreSQL server of Debian's `postgresql` package on 127.0.0.1, in a temporary data directory; its URL."""
+    if not POSTGRES_BIN:
+        pytest.skip("PostgreSQL is not installed (apt-get install postgresql; .ci/run installs it)")
+    bin_dir = POSTGRES_BIN[-1].parent
+    as_owner = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []  # initdb refuses root
+    folder = Path(tempfile.mkdtemp(prefix="postgres-"))
+    if as_owner:
+        shutil.chown(folder, "postgres")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    data = folder / "data"
+    subprocess.run([*as_owner, bin_dir / "initdb", "-D", data, "-U", "postgres", "--auth=trust", "--no-sync"],
+                   check=True, capture_output=True)  # fmt: skip
+    options = f"-h 127.0.0.1 -p {port} -k {folder}"
+    pg_ctl = [*as_owner, bin_dir / "pg_ctl", "-D", data, "-w"]
+    subprocess.run([*pg_ctl, "-o", options, "-l", folder / "server.log", "start"], check=True, capture_output=True)
+    try:
+        yield f"postgresql://postgres@127.0.0.1:{port}/postgres"
+    finally:
+        subprocess.run([*pg_ctl, "-m", "immediate", "stop"], capture_output=True)
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def start(script: str, args: list[str], cwd: Path) -> subprocess.Popen:
+    cwd.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    return subprocess.Popen([sys.executable, str(ROOT / script), *args], cwd=cwd, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)  # fmt: skip
+
+
+def kill_when(process: subprocess.Popen, find: Callable[[], int | None]) -> int:
+    """SIGKILL the process `find` names (a worker mid-run: its first epoch-end last.ckpt is saved); its pid."""
+    deadline = time.monotonic() + 240
+    while (pid := find()) is None and process.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert pid is not None, process.communicate()[0][-3000:]
+    os.kill(pid, signal.SIGKILL)
+    return pid
+
+
+@pytest.mark.slow
+def test_two_workers_on_postgresql_share_the_grid_resume_a_killed_worker_and_match_one_process(tmp_path, postgres):
+    space = write_space(tmp_path / "space.yaml", GRID)
+    command = ["--config", JOB, "--search", str(space), "--trials", "3", "--study", "w", *FLAGS]
+    workers = start("tune.py", [*command, "--workers", "2", "--storage", postgres], tmp_path / "workers")
+    out = tmp_path / "workers" / "logs" / "tune" / "w"
+
+    def running_trial_with_a_checkpoint() -> int | None:
+        for checkpoint in out.glob("trial_*/checkpoints/last.ckpt"):
+            number = int(checkpoint.parents[1].name.removeprefix("trial_"))
+            trial = optuna.load_study(study_name="w", storage=postgres).trials[number]
+            if trial.state == TrialState.RUNNING:
+                return int(trial.user_attrs["process"].split(":")[0])
+        return None
+
+    killed = kill_when(workers, running_trial_with_a_checkpoint)
+    output = workers.communicate(timeout=400)[0]
+    assert workers.returncode == 0, output[-4000:]
+    assert "ended by SIGKILL" in output, output[-4000:]
+
+    trials = optuna.load_study(study_name="w", storage=postgres).trials
+    (dead,) = [t for t in trials if t.state == TrialState.FAIL]
+    assert dead.user_attrs["interrupted"] == "process died" and dead.user_attrs["process"].startswith(f"{killed}:")
+    (resumed,) = [t for t in trials if t.user_attrs.get("resumes") == dead.number]
+    assert resumed.state == TrialState.COMPLETE and resumed.params == dead.params
+    assert not resumed.user_attrs["process"].startswith(f"{killed}:")  # by the other worker
+    checkpoint = Path(f"logs/tune/w/trial_{dead.number:04d}/checkpoints/last.ckpt")
+    assert f"Restoring states from the checkpoint path at {checkpoint}" in output
+    complete = [t for t in trials if t.state == TrialState.COMPLETE]
+    assert len(complete) == 3 and len({t.params["model.optimizer.init_args.lr"] for t in complete}) == 3
+    assert len({t.user_attrs["process"] for t in trials}) == 2  # both workers ran trials
+    trained = sorted(p.name for p in out.glob("trial_*"))  # no parameter set ran twice, the resumed one aside
+    assert trained == sorted(f"trial_{t.number:04d}" for t in trials if "resumes" not in t.user_attrs)
+
+    # One process, on SQLite: the same table of values and the same best config.
+    alone = start("tune.py", command, tmp_path / "alone")
+    output = alone.communicate(timeout=400)[0]
+    assert alone.returncode == 0, output[-4000:]
+
+    def results(folder: Path) -> tuple[dict[str, str], list[str]]:
+        rows = list(csv.DictReader((folder / "logs/tune/w/results.csv").open()))
+        table = {r["model.optimizer.init_args.lr"]: r["value"] for r in rows if r["state"] == "complete"}
+        best = (folder / "logs/tune/w/w_best.yaml").read_text().splitlines()
+        return table, [line for line in best if not line.startswith("#")]  # the header names the trial's folder
+
+    (table, best), (table_alone, best_alone) = results(tmp_path / "workers"), results(tmp_path / "alone")
+    assert table == table_alone and len(table) == 3
+    assert best == best_alone
+
+
+@pytest.mark.slow
+def test_multirun_with_two_workers_takes_over_a_killed_workers_seed_and_resumes_it(tmp_path):
+    args = ["--config", JOB, "--seeds", "1", "2", "--workers", "2", "--name", "m", *SHORT]
+    process = start("multirun.py", args, tmp_path)
+    out = tmp_path / "logs" / "multirun" / "m"
+
+    def worker_with_a_checkpoint() -> int | None:
+        for checkpoint in out.glob("seed_*/checkpoints/last.ckpt"):
+            claim = checkpoint.parents[1] / "claim.json"
+            if not (checkpoint.parents[1] / "result.json").exists() and claim.exists():
+                return int(json.loads(claim.read_text())["process"].split(":")[0])
+        return None
+
+    kill_when(process, worker_with_a_checkpoint)
+    output = process.communicate(timeout=400)[0]
+    assert process.returncode == 0, output[-4000:]
+    assert "ended by SIGKILL" in output and "died; taking it over" in output, output[-4000:]
+    assert "resuming (--ckpt_path=" in output and "mean ± std over 2 runs" in output, output[-4000:]
+    for seed in (1, 2):
+        result = json.loads((out / f"seed_{seed}" / "result.json").read_text())
+        config = yaml.safe_load((out / f"seed_{seed}" / "config.yaml").read_text())
+        assert config["seed_everything"] == seed and result["best_score"] > 0.1  # trained, not a guess
+        assert not (out / f"seed_{seed}" / "claim.json").exists()
