@@ -32,6 +32,7 @@ import os
 import re
 import subprocess
 import sys
+import unicodedata
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -156,13 +157,27 @@ def check_project_name(name: str, slug: str, reserved: set[str]) -> None:
         raise Refused("the project's name is empty: -d project_name='Leaf Disease Classifier', say")
     if bad := sorted({c for c in name if c == "\\" or not c.isprintable()}):
         raise Refused(f"the project's name {name!r} holds {bad}: no backslash, tab or other control character")
+    if not slug and not name.isascii():  # the distribution's name is the package's, and none was given
+        raise Refused(
+            f"the project's name {name!r} has letters beyond ASCII, from which no package name is guessed: give one,"
+            f" -d package_name={ascii_guess(name) or 'my_project'}"
+        )
     if not re.fullmatch(r"[a-z0-9]+(-[a-z0-9]+)*", slug):
-        raise Refused(f"the project's name {name!r} makes no distribution name (letters or digits of ASCII)")
+        raise Refused(
+            f"the project's name {name!r} makes no distribution name: it needs letters or digits of ASCII, e.g."
+            " -d project_name='Leaf Disease Classifier'"
+        )
     if slug in reserved or slug.replace("-", "_") in reserved:
         raise Refused(
             f"the project's name {name!r} would make the distribution {slug!r}, the name of a library it depends"
             " on, of a module of Python's or of one of its folders: choose another name"
         )
+
+
+def ascii_guess(name: str) -> str:
+    """A package name from a name's letters without their accents ("Réseau Neuronal" -> reseau_neuronal)."""
+    plain = unicodedata.normalize("NFKD", name).encode("ascii", "ignore").decode().lower()
+    return re.sub(r"^[^a-z]+", "", re.sub(r"[^a-z0-9]+", "_", plain)).strip("_")[:MAX_PACKAGE_LENGTH].rstrip("_")
 
 
 def check_package_name(package: str, reserved: set[str]) -> None:
@@ -172,9 +187,15 @@ def check_package_name(package: str, reserved: set[str]) -> None:
     if not re.fullmatch(r"[a-z][a-z0-9_]*", package):
         raise Refused(f"package name {package!r}: lowercase letters, digits and _, starting with a letter")
     if len(package) > MAX_PACKAGE_LENGTH:
-        raise Refused(f"package name {package!r}: at most {MAX_PACKAGE_LENGTH} characters (the code's lines)")
+        raise Refused(
+            f"package name {package!r}: at most {MAX_PACKAGE_LENGTH} characters (the code's lines), e.g."
+            f" -d package_name={package[:MAX_PACKAGE_LENGTH].rstrip('_')}"
+        )
     if package in reserved:
-        raise Refused(f"package name {package!r} is taken: a library, a module of Python's or a folder of the project")
+        raise Refused(
+            f"package name {package!r} is taken: a library, a module of Python's or a folder of the project;"
+            f" give another, -d package_name=my_{package}"
+        )
 
 
 # -- the text --------------------------------------------------------------------------------------------------
@@ -348,6 +369,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--extras", default="", help="The extras kept, comma-separated.")
     parser.add_argument("--data", default="fashion_mnist", choices=sorted(DATA_CONFIGS))
     parser.add_argument("--operation", default="copy", help="Copier's: copy or update.")
+    parser.add_argument("--refused", default="", help="copier.yml's verdict on the answers: why they cannot work.")
     args = parser.parse_args(argv)
     root = Path.cwd()
     if args.after_update:
@@ -360,6 +382,8 @@ def main(argv: list[str] | None = None) -> None:
     extras = frozenset(name.strip() for name in args.extras.split(",") if name.strip())
     if unknown := extras - manifest.keys():
         raise Refused(f"no such extra: {sorted(unknown)} (extras: {sorted(manifest)})")
+    if args.refused:  # a rule of copier.yml's that the checks above do not know: nothing was written
+        raise Refused(args.refused)
     project = Project(args.package, args.slug, args.name, extras, args.data, manifest)
     if args.operation == "update" and is_the_owners_repository(root):  # not Copier's renders of old and new
         gone, theirs = owners_files_of(root, args.template, project)

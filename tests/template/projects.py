@@ -6,11 +6,18 @@ The template's own tests (copier.yml's _exclude leaves tests/template/ out of ev
 
 from __future__ import annotations
 
+import fcntl
 import importlib.util
 import os
+import pty
+import re
+import select
 import shutil
+import struct
 import subprocess
 import sys
+import termios
+import time
 from pathlib import Path
 
 import yaml
@@ -93,3 +100,55 @@ def copier_cli(*args: str, cwd: Path, env: dict | None = None) -> subprocess.Com
     return subprocess.run(
         command, cwd=cwd, env=environment, capture_output=True, text=True, timeout=SUBPROCESS_TIMEOUT
     )  # fmt: skip
+
+
+ANSI = re.compile(r"\x1b(\[[0-9;?]*[ -/]*[@-~]|[()][0-9A-Za-z]|[=>])")
+
+
+def copier_in_terminal(args: list[str], replies: list[tuple[str, str]], cwd: Path) -> tuple[int | None, str]:
+    """`copier ARGS` in a pseudo-terminal, as a person types: for each (prompt, keys), waits until the screen shows
+    the prompt's words, then types the keys. Returns its exit status and what the terminal showed (escapes removed);
+    a prompt that never comes ends the wait with the status None."""
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 50, 200, 0, 0))  # 50 lines of 200 columns
+    environment = {**os.environ, **GIT_IDENTITY, "TERM": "xterm"}
+    process = subprocess.Popen(
+        [sys.executable, "-m", "copier", *args], cwd=cwd, stdin=slave, stdout=slave, stderr=slave, env=environment,
+        start_new_session=True,
+    )  # fmt: skip
+    os.close(slave)
+    shown = bytearray()
+
+    def screen() -> str:
+        return ANSI.sub("", shown.decode(errors="replace"))
+
+    def read(seconds: float) -> bool:
+        """Reads what comes within `seconds`; False once the terminal is closed."""
+        if not select.select([master], [], [], seconds)[0]:
+            return True
+        try:
+            chunk = os.read(master, 65536)
+        except OSError:  # the process ended: its side of the terminal is closed
+            return False
+        if b"\x1b[6n" in chunk:  # prompt_toolkit asks where the cursor is, as a real terminal answers
+            os.write(master, b"\x1b[1;1R")
+        shown.extend(chunk)
+        return bool(chunk)
+
+    try:
+        for prompt, keys in replies:
+            deadline, seen = time.monotonic() + 60, len(screen())
+            while prompt not in screen()[seen:]:
+                if time.monotonic() > deadline or not read(0.2):
+                    return None, screen()
+            time.sleep(0.3)  # the prompt drawn whole before the keys come
+            os.write(master, keys.encode())
+        deadline = time.monotonic() + SUBPROCESS_TIMEOUT
+        while read(1.0) and time.monotonic() < deadline:  # to its end: the terminal closes when it exits
+            pass
+        return process.wait(timeout=60), screen()
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+        os.close(master)

@@ -107,6 +107,10 @@ PACKAGE_NAMES = {
 }  # fmt: skip
 
 
+# Copier's Jinja as copier.yml's rules use it: their macros (.copier/rules.jinja) and Ansible's filters.
+JINJA = jinja2.Environment(loader=jinja2.FileSystemLoader(ROOT), extensions=[AnsibleCoreFiltersExtension])
+
+
 def slug_of(name: str) -> str:
     """copier.yml's project_slug for an ASCII name."""
     return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
@@ -114,11 +118,10 @@ def slug_of(name: str) -> str:
 
 def validator(question: str, **context) -> str:
     """copier.yml's validator of `question` rendered as Copier renders it while asking (its message, or "")."""
-    environment = jinja2.Environment(extensions=[AnsibleCoreFiltersExtension])
     conf = {"defaults": False, "data": {}}
     reserved = QUESTIONS["reserved_names"]["default"]
     return (
-        environment.from_string(QUESTIONS[question]["validator"])
+        JINJA.from_string(QUESTIONS[question]["validator"])
         .render(**context, reserved_names=reserved, _copier_conf=conf)
         .strip()
     )
@@ -313,18 +316,58 @@ def test_every_file_of_a_project_parses_whatever_its_name(name: str, template: P
     assert title.startswith("# ") and re.sub(r"\\(.)", r"\1", title[2:]) == name  # Markdown's escapes aside
 
 
+# Answers refused, the words of the reason, and the folder copied into: a new one, or one that exists.
+REFUSED = [
+    (["-d", "project_name=torch"], "distribution 'torch'", "existing"),
+    (["-d", "project_name="], "name is empty", "new"),
+    (["-d", "package_name=2leaf"], "starting with a letter", "new"),
+    (["-d", "project_name=Réseau Neuronal"], "-d package_name=reseau_neuronal", "existing"),
+    (["-d", "project_name=Plant Disease Classifiers"], "-d package_name=plant_disease_classifie", "new"),
+]  # fmt: skip
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize(
-    ("data", "reason"),
-    [(["-d", "project_name=torch"], "distribution 'torch'"), (["-d", "project_name="], "name is empty"),
-     (["-d", "project_name=json"], "distribution 'json'"), (["-d", "package_name=2leaf"], "starting with a letter")],
-)  # fmt: skip
-def test_a_name_given_on_the_command_line_is_refused_in_one_line(data, reason, template: Path, tmp_path) -> None:
+@pytest.mark.parametrize(("data", "reason", "folder"), REFUSED)
+def test_a_name_given_on_the_command_line_is_refused_in_one_line_and_nothing_is_written(
+    data, reason, folder: str, template: Path, tmp_path: Path
+) -> None:
+    """Refused before Copier writes a file: in a folder of the owner's (`mkdir leaf && copier copy ... leaf`)
+    nothing is left, a new folder is not made, and no `create` line comes before the reason."""
+    if folder == "existing":
+        (tmp_path / "project").mkdir()
     done = copier_cli("copy", "--trust", "--defaults", *data, str(template), "project", cwd=tmp_path)
     assert done.returncode != 0 and "Traceback" not in done.stderr, done.stderr[-3000:]
     (line,) = [line for line in done.stderr.splitlines() if line.startswith("generate: ")]
     assert reason in line
-    assert not (tmp_path / "project").exists()
+    assert not [line for line in done.stderr.splitlines() if line.split()[:1] == ["create"]], done.stderr[-3000:]
+    assert list(tmp_path.iterdir()) == ([tmp_path / "project"] if folder == "existing" else [])
+    assert folder == "new" or not any((tmp_path / "project").iterdir())
+
+
+def refused_by_the_questions(answers: dict) -> str:
+    """copier.yml's `refused`: why answers given with -d or --defaults cannot make a project ("" when they can)."""
+    return (
+        JINJA.from_string(QUESTIONS["refused"]["default"])
+        .render(**answers, reserved_names=QUESTIONS["reserved_names"]["default"])
+        .strip()
+    )
+
+
+@pytest.mark.parametrize("name", PROJECT_NAMES, ids=repr)
+@pytest.mark.parametrize("package", ["", "leaf", "a" * 25, "torch"])
+def test_answers_given_are_refused_before_writing_exactly_when_the_generator_refuses(name: str, package: str) -> None:
+    """Given with -d or --defaults, the answers Copier writes nothing for (copier.yml's `refused`) are the answers
+    the generator refuses: no project left half made, none refused that would work."""
+    slug = slug_of(name) if name.isascii() else package.replace("_", "-")
+    verdict = refused_by_the_questions({"project_name": name, "package_name": package, "project_slug": slug})
+    reserved = GENERATE.reserved_names(ROOT)
+    try:
+        GENERATE.check_project_name(name, slug, reserved)
+        GENERATE.check_package_name(package, reserved)
+        given = ""
+    except SystemExit as refusal:
+        given = str(refusal.code)
+    assert bool(verdict) is bool(given), (verdict, given)
 
 
 def python_3_10() -> str:
