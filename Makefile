@@ -11,6 +11,9 @@ export MALLOC_MMAP_THRESHOLD_ ?= 33554432
 export MALLOC_TRIM_THRESHOLD_ ?= 1073741824
 
 .PHONY: install data train test test-all matrix lint format hooks docs clean transfer fortunes text-data
+# extra:timm
+.PHONY: transfer-timm
+# /extra:timm
 # extra:search
 .PHONY: tune seeds
 # /extra:search
@@ -53,6 +56,9 @@ JOB_DATA := $(if $(findstring transformer_text,$(CONFIG)),text-data,$(if $(finds
 # extra:language_model
 JOB_DATA := $(if $(findstring language_model,$(CONFIG)),fortunes $(VENV)/.installed-lm,$(JOB_DATA))
 # /extra:language_model
+# extra:timm
+JOB_DATA := $(if $(findstring timm_finetune,$(CONFIG)),install,$(JOB_DATA))$(if $(findstring timm,$(CONFIG)), $(VENV)/.installed-timm)
+# /extra:timm
 TRAIN_DATA ?= $(JOB_DATA)
 train: $(TRAIN_DATA)
 	$(BIN)/python train.py fit --config $(CONFIG) $(ARGS)
@@ -160,6 +166,21 @@ transfer: data
 		--model.weights "$$(ls -t logs/resnet_fmnist_pretrain/*/checkpoints/last.ckpt | head -n 1)" $(ARGS)
 	$(BIN)/python train.py fit --config configs/resnet_fmnist_small.yaml --trainer.logger.init_args.name resnet_fmnist_scratch \
 		$(ARGS)
+
+# extra:timm
+# The same recipe with a timm backbone in place of ResNet-18 (configs/presets/timm.yaml on each step): make
+# transfer-timm BACKBONE=resnet18 ARGS="--seed_everything 7". Runs are named timm_<backbone>_fmnist_{pretrain,...}.
+BACKBONE ?= convnext_atto
+TIMM := --config configs/presets/timm.yaml --model.backbone $(BACKBONE)
+transfer-timm: data $(VENV)/.installed-timm
+	$(BIN)/python train.py fit --config configs/resnet_fmnist_pretrain.yaml $(TIMM) \
+		--trainer.logger.init_args.name timm_$(BACKBONE)_fmnist_pretrain
+	$(BIN)/python train.py fit --config configs/resnet_fmnist_small.yaml $(TIMM) --config configs/presets/transfer.yaml \
+		--trainer.logger.init_args.name timm_$(BACKBONE)_fmnist_transfer \
+		--model.weights "$$(ls -t logs/timm_$(BACKBONE)_fmnist_pretrain/*/checkpoints/last.ckpt | head -n 1)" $(ARGS)
+	$(BIN)/python train.py fit --config configs/resnet_fmnist_small.yaml $(TIMM) \
+		--trainer.logger.init_args.name timm_$(BACKBONE)_fmnist_scratch $(ARGS)
+# /extra:timm
 
 # Real text: Debian's fortunes.
 fortunes: install
