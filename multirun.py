@@ -43,7 +43,7 @@ def main(argv: list[str] | None = None) -> None:
         out, todo = plan(base, name, chosen)
         environments = workers.assignments(args.workers, str(base.namespace.trainer.get("accelerator")))
         if args.workers > 1:
-            codes = workers.launch(__file__, argv, environments)
+            codes = workers.launch(__file__, [argv] * args.workers, environments)
             if 128 + signal.SIGTERM in codes:
                 raise runs.Interrupted
             for i, code in enumerate(codes):

@@ -103,7 +103,9 @@ def main(argv: list[str] | None = None) -> None:
     recover(study, storage, params)
     print(f"Study '{study_name}': {args.trials - search.budget_left()} of {args.trials} trials done or running.")
     if args.workers > 1:
-        run_workers(search, out, argv, environments)
+        # Each worker's sampler its own seed: with one seed, they would all propose the same parameters.
+        seeds = [[] if args.seed is None else [f"--seed={args.seed + i}"] for i in range(args.workers)]
+        run_workers(search, out, [[*argv, *seed] for seed in seeds], environments)
         return
     try:
         search.run(on_trial_end=lambda: write_report(study, search, out, final=False))
@@ -121,9 +123,9 @@ def main(argv: list[str] | None = None) -> None:
     report(search, out, failed)
 
 
-def run_workers(search: Search, out: Path, argv: list[str], environments: list[dict[str, str]]) -> None:
-    """The search in one process per environment, on this study; the report when all have ended."""
-    codes = workers.launch(__file__, argv, environments)
+def run_workers(search: Search, out: Path, argvs: list[list[str]], environments: list[dict[str, str]]) -> None:
+    """The search in one process per argv and environment, on this study; the report when all have ended."""
+    codes = workers.launch(__file__, argvs, environments)
     if 128 + signal.SIGTERM in codes:  # stopped (Ctrl-C, SIGTERM): the trials saved their last.ckpt
         write_report(search.study, search, out, final=False)
         print(f"Search stopped ({out}/results.md so far): run the same command to continue it.", flush=True)

@@ -87,9 +87,9 @@ def add_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(WORKER_FLAG, action="store_true", help=argparse.SUPPRESS)
 
 
-def launch(script: str, argv: Sequence[str], environments: list[dict[str, str]]) -> list[int]:
-    """Run `script argv --workers 1 --threads K` once per environment at once; their exit codes when all have
-    ended. A SIGTERM or Ctrl-C of this process is passed on to each, which stops as a lone one would."""
+def launch(script: str, argvs: Sequence[Sequence[str]], environments: list[dict[str, str]]) -> list[int]:
+    """Run `script argv --workers 1 --threads K` for each argv and environment at once; their exit codes when all
+    have ended. A SIGTERM or Ctrl-C of this process is passed on to each, which stops as a lone one would."""
     workers: list[subprocess.Popen] = []
 
     def forward(signum: int, frame: FrameType | None) -> None:
@@ -99,7 +99,7 @@ def launch(script: str, argv: Sequence[str], environments: list[dict[str, str]])
 
     before = {signum: signal.signal(signum, forward) for signum in FORWARDED}
     try:
-        for i, env in enumerate(environments):
+        for i, (argv, env) in enumerate(zip(argvs, environments, strict=True)):
             command = [sys.executable, script, *argv, "--workers=1", f"--threads={env['OMP_NUM_THREADS']}", WORKER_FLAG]
             # In a session of its own: a Ctrl-C in the terminal reaches it once, through this process.
             workers.append(subprocess.Popen(command, env={**os.environ, **env}, start_new_session=True))

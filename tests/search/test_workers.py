@@ -61,11 +61,10 @@ def postgres() -> Iterator[str]:
         shutil.rmtree(folder, ignore_errors=True)
 
 
-def start(script: str, args: list[str], cwd: Path) -> subprocess.Popen:
+def start(command: list[str], cwd: Path, env: dict[str, str] | None = None) -> subprocess.Popen:
     cwd.mkdir(parents=True, exist_ok=True)
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    return subprocess.Popen([sys.executable, str(ROOT / script), *args], cwd=cwd, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    env = {**(os.environ if env is None else env), "PYTHONUNBUFFERED": "1"}
+    return subprocess.Popen(command, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
 def kill_when(process: subprocess.Popen, find: Callable[[], int | None]) -> int:
@@ -80,10 +79,17 @@ def kill_when(process: subprocess.Popen, find: Callable[[], int | None]) -> int:
 
 @pytest.mark.slow
 def test_two_workers_on_postgresql_share_the_grid_resume_a_killed_worker_and_match_one_process(tmp_path, postgres):
+    """configs/slurm/tune.sbatch as one task of its array runs it on a node with 2 devices (here, CPU threads)."""
     space = write_space(tmp_path / "space.yaml", GRID)
-    command = ["--config", JOB, "--search", str(space), "--trials", "3", "--study", "w", *FLAGS]
-    workers = start("tune.py", [*command, "--workers", "2", "--storage", postgres], tmp_path / "workers")
-    out = tmp_path / "workers" / "logs" / "tune" / "w"
+    search = ["--search", str(space), "--trials", "3", "--study", "w", *FLAGS]  # after the script's own: they win
+    node = tmp_path / "workers"
+    node.mkdir()
+    for path in ("tune.py", "configs"):  # the script runs in the repository's root
+        (node / path).symlink_to(ROOT / path)
+    slurm = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+    slurm |= {"SLURM_GPUS_ON_NODE": "2", "STORAGE": postgres, "PYTHON": sys.executable, "CONFIG": JOB}
+    workers = start(["bash", str(ROOT / "configs" / "slurm" / "tune.sbatch"), *search], node, slurm)
+    out = node / "logs" / "tune" / "w"
 
     def running_trial_with_a_checkpoint() -> int | None:
         for checkpoint in out.glob("trial_*/checkpoints/last.ckpt"):
@@ -113,7 +119,7 @@ def test_two_workers_on_postgresql_share_the_grid_resume_a_killed_worker_and_mat
     assert trained == sorted(f"trial_{t.number:04d}" for t in trials if "resumes" not in t.user_attrs)
 
     # One process, on SQLite: the same table of values and the same best config.
-    alone = start("tune.py", command, tmp_path / "alone")
+    alone = start([sys.executable, str(ROOT / "tune.py"), "--config", JOB, *search], tmp_path / "alone")
     output = alone.communicate(timeout=400)[0]
     assert alone.returncode == 0, output[-4000:]
 
@@ -131,7 +137,7 @@ def test_two_workers_on_postgresql_share_the_grid_resume_a_killed_worker_and_mat
 @pytest.mark.slow
 def test_multirun_with_two_workers_takes_over_a_killed_workers_seed_and_resumes_it(tmp_path):
     args = ["--config", JOB, "--seeds", "1", "2", "--workers", "2", "--name", "m", *SHORT]
-    process = start("multirun.py", args, tmp_path)
+    process = start([sys.executable, str(ROOT / "multirun.py"), *args], tmp_path)
     out = tmp_path / "logs" / "multirun" / "m"
 
     def worker_with_a_checkpoint() -> int | None:
