@@ -183,6 +183,15 @@ def offline_flags(config: str, inputs: dict[str, Path], request: pytest.FixtureR
         flags.append(f"--data.init_args.data_dir={inputs['root'] / 'data'}")
     if "CIFAR10DataModule" in text:  # 1,000 training images here
         flags.append("--data.init_args.val_size=100")
+    # extra:timm
+    if "weights: timm" in text:  # the backbone's files as timm saves them, in place of its download
+        import yaml
+
+        from tests.timm_models.weights_files import saved_by_timm
+
+        backbone = yaml.safe_load(text)["model"]["init_args"]["backbone"]
+        flags.append(f"--model.init_args.weights={saved_by_timm(backbone, inputs['root'])}")
+    # /extra:timm
     return flags
 
 

@@ -28,6 +28,9 @@ EXTRA_MODULES += ["lightning_template.streaming", "litdata"]
 # extra:tools
 EXTRA_MODULES += ["lightning_template.tools"]
 # /extra:tools
+# extra:timm
+EXTRA_MODULES += ["lightning_template.timm_models", "timm"]
+# /extra:timm
 
 
 @pytest.mark.slow

@@ -22,12 +22,12 @@ from lightning_template.timm_models.weights import build, check_backbone, fixed_
 
 
 class TimmNet(ClassifierNet):
-    def __init__(self, model: nn.Module, image_size: tuple[int, int] | None = None) -> None:
-        """`model`: a timm model whose classifier (`get_classifier()`) is one nn.Linear; `image_size`: resize inputs
+    def __init__(self, model: nn.Module, img_size: tuple[int, int] | None = None) -> None:
+        """`model`: a timm model whose classifier (`get_classifier()`) is one nn.Linear; `img_size`: resize inputs
         of another size to it first."""
         super().__init__()
         self.model = model
-        self.image_size = image_size
+        self.img_size = img_size
         classifier = model.get_classifier()
         if not isinstance(classifier, nn.Linear):
             raise ConfigError(
@@ -40,8 +40,8 @@ class TimmNet(ClassifierNet):
         self.first_conv = f"model.{first_conv}" if isinstance(first_conv, str) else ""
 
     def forward_features(self, inputs: torch.Tensor) -> torch.Tensor:
-        if self.image_size is not None and tuple(inputs.shape[-2:]) != self.image_size:
-            inputs = F.interpolate(inputs, size=self.image_size, mode="bilinear", align_corners=False, antialias=True)
+        if self.img_size is not None and tuple(inputs.shape[-2:]) != self.img_size:
+            inputs = F.interpolate(inputs, size=self.img_size, mode="bilinear", align_corners=False, antialias=True)
         # timm's head pools (and, in ConvNeXt and ViT, normalizes) before the classifier: all of it is features here.
         return self.model.forward_head(self.model.forward_features(inputs), pre_logits=True)
 
@@ -66,7 +66,7 @@ class TimmClassifier(ClassificationModule):
         input_shape: tuple[int, int, int] = (3, 224, 224),
         backbone: str = "resnet18",
         weights: str | None = None,
-        image_size: int | None = None,
+        img_size: int | None = None,
         drop_rate: float = 0.0,
         drop_path_rate: float = 0.0,
         model_kwargs: dict[str, Any] | None = None,
@@ -83,22 +83,22 @@ class TimmClassifier(ClassificationModule):
                 (downloaded once into its cache; offline, give the file), or a local file: timm's .safetensors or
                 .pth, a folder timm's save_for_hf wrote, a checkpoint of an earlier run. Everything but the
                 classifier is loaded, strictly; a ViT's position embeddings follow the image size.
-            image_size: The side the network works at: inputs of another size are resized to it inside the network
+            img_size: The side the network works at: inputs of another size are resized to it inside the network
                 (export and serving do the same); None: the data's. Families with a fixed input size (ViT, Swin) are
-                built for it; the others need enough pixels for their stride (ConvNeXt: 32).
+                built for it (timm's img_size); the others need enough pixels for their stride (ConvNeXt: 32).
             drop_rate: Dropout before the classifier (timm's drop_rate).
             drop_path_rate: Stochastic depth (timm's drop_path_rate), in the families that have it.
             model_kwargs: More arguments of timm.create_model, e.g. {patch_size: 8} for a ViT on small images.
             **kwargs: Optimizer and schedule settings of `ClassificationModule`.
         """
         check_backbone(backbone)
-        size = (image_size, image_size) if image_size else (input_shape[1], input_shape[2])
+        size = (img_size, img_size) if img_size else (input_shape[1], input_shape[2])
         options = dict(model_kwargs or {})
         options |= {"drop_rate": drop_rate} if drop_rate else {}
         options |= {"drop_path_rate": drop_path_rate} if drop_path_rate else {}
         options |= {"img_size": size} if fixed_input_size(backbone) else {}
         model = build(backbone, weights, num_classes, input_shape[0], **options)
-        super().__init__(TimmNet(model, size if image_size else None), weights=weights, **kwargs)
+        super().__init__(TimmNet(model, size if img_size else None), weights=weights, **kwargs)
 
     def load_weights(self, weights: str) -> None:
         """Nothing left to load: timm built the network from `weights` (`weights.build`)."""

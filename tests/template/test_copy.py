@@ -194,6 +194,7 @@ EXTRA_WORDS = {
               "batch_size_finder", "tools extra"],
     "language_model": ["language model", "language_model", "LanguageModel", "5-gram", "n-gram", "bits per character",
                        "decoder-only"],
+    "timm": ["TimmClassifier", "[timm]", "transfer-timm", "timm extra", "timm backbone"],
 }  # fmt: skip
 
 

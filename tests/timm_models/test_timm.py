@@ -29,8 +29,8 @@ from tests.timm_models.weights_files import saved_by_timm
 # The smallest of each family, at a size its stride allows on 28 px images, and what freezing must cover in it.
 FAMILIES: dict[str, dict[str, Any]] = {
     "resnet10t": {},  # BatchNorm: statistics too
-    "convnext_atto": {"image_size": 32},  # LayerNorm, layer scale; 28 px would vanish in its stride of 32
-    "vit_tiny_patch16_224": {"image_size": 32, "model_kwargs": {"patch_size": 8}},  # class token, position embeddings
+    "convnext_atto": {"img_size": 32},  # LayerNorm, layer scale; 28 px would vanish in its stride of 32
+    "vit_tiny_patch16_224": {"img_size": 32, "model_kwargs": {"patch_size": 8}},  # class token, position embeddings
 }
 MUST_FREEZE = {
     "resnet10t": ["model.bn1.running_mean", "model.layer4.0.bn2.weight", "model.conv1.0.weight"],
