@@ -20,6 +20,7 @@ import sys
 from pathlib import Path
 
 import optuna
+from optuna.trial import TrialState
 
 from lightning_template.engine.errors import ConfigError
 from lightning_template.search import runs, workers
@@ -110,9 +111,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         search.run(on_trial_end=lambda: write_report(study, search, out, final=False))
     except runs.Interrupted:  # Ctrl-C or SIGTERM: the trial saved its last.ckpt and is resumed next time
-        write_report(study, search, out, final=False)  # the tables only (no plots): a stop is prompt
-        print(f"Search stopped ({out}/results.md so far): run the same command to continue it.", flush=True)
-        sys.exit(128 + signal.SIGTERM)
+        stopped(search, out)
     except SearchError as err:
         print(f"tune.py: {err}", file=sys.stderr, flush=True)
         failed = True
@@ -127,17 +126,20 @@ def run_workers(search: Search, out: Path, argvs: list[list[str]], environments:
     """The search in one process per argv and environment, on this study; the report when all have ended."""
     codes = workers.launch(__file__, argvs, environments)
     if 128 + signal.SIGTERM in codes:  # stopped (Ctrl-C, SIGTERM): the trials saved their last.ckpt
-        write_report(search.study, search, out, final=False)
-        print(f"Search stopped ({out}/results.md so far): run the same command to continue it.", flush=True)
-        sys.exit(128 + signal.SIGTERM)
+        stopped(search, out)
     for i, code in enumerate(codes):
-        if code != 0:  # a worker killed outright: its trial was resumed by another, or is at the next start
+        if code != 0:  # an error of its own (said), or killed outright: its trial is resumed by another
             print(f"worker {i} {workers.describe(code)}", flush=True)
-    recover(search.study, search.storage, search.params)
-    left = search.budget_left()
-    if left > 0 and 1 not in codes:
-        print(f"{left} trial(s) not run: run the same command to finish the search.", flush=True)
-    report(search, out, failed=left > 0)
+    recover(search.study, search.storage, search.params)  # a trial whose worker died with nobody left to resume it
+    if left := search.study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
+        print(f"{len(left)} interrupted trial(s) left: run the same command to resume them.", flush=True)
+    report(search, out, failed=bool(left) or 1 in codes)
+
+
+def stopped(search: Search, out: Path) -> None:
+    write_report(search.study, search, out, final=False)  # the tables only (no plots): a stop is prompt
+    print(f"Search stopped ({out}/results.md so far): run the same command to continue it.", flush=True)
+    sys.exit(128 + signal.SIGTERM)
 
 
 def report(search: Search, out: Path, failed: bool) -> None:
