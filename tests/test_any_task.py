@@ -249,3 +249,25 @@ def test_a_run_continued_with_other_data_is_refused_and_keeps_its_record(tmp_pat
     assert "--trainer.logger.init_args.name <name>" in message and saved.read_text() == record
     ProjectCLI(args=[*more, "--data.num_workers=1"])  # how the data loads is not what it is
     assert torch.load(last, weights_only=True)["global_step"] == 4
+
+
+@pytest.mark.slow
+def test_a_checkpoint_alone_validates_and_predicts_or_says_what_to_give(tmp_path: Path, monkeypatch) -> None:
+    """No --config: the model from the checkpoint, the data from its run's config.yaml (the plain datamodule saves
+    no hyper-parameters), flags on top. The file copied away from its run says in one line what to give."""
+    monkeypatch.chdir(tmp_path)
+    ProjectCLI(args=["fit", *PLAIN, *SHORT, "--data.train_size=64", "--trainer.max_epochs=1", "--data.batch_size=16",
+                     "--trainer.logger.init_args.name=ink", "--trainer.enable_progress_bar=false"])  # fmt: skip
+    last = "logs/ink/version_0/checkpoints/last.ckpt"
+    quiet = ["--trainer.enable_progress_bar=false", "--trainer.logger=false"]
+    alone = ProjectCLI(args=["validate", f"--ckpt_path={last}", "--trainer.limit_val_batches=2", *quiet])
+    assert type(alone.model).__name__ == "Regressor" and alone.datamodule.batch_size == 16
+    with_job = ProjectCLI(args=["validate", *PLAIN, "--data.batch_size=16", f"--ckpt_path={last}", *quiet,
+                                "--trainer.limit_val_batches=2"])  # fmt: skip
+    assert alone.trainer.callback_metrics["val_loss"] == with_job.trainer.callback_metrics["val_loss"]
+    ProjectCLI(args=["predict", f"--ckpt_path={last}", "--data.batch_size=8", *quiet])  # a flag on top
+    with open(tmp_path / "predictions.csv", newline="") as f:
+        assert len(list(csv.DictReader(f))) == 256
+    Path("away.ckpt").write_bytes(Path(last).read_bytes())
+    with pytest.raises(ConfigError, match=r"--ckpt_path away.ckpt: the checkpoint does not say which data it was"):
+        ProjectCLI(args=["test", "--ckpt_path=away.ckpt", *quiet])

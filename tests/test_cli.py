@@ -14,6 +14,7 @@ from lightning.pytorch.callbacks import LearningRateMonitor
 
 from lightning_template.engine import ExactResume, FiniteLossGuard, ResumeCheckpoint
 from lightning_template.engine.cli import DATA_FACTS, ProjectCLI, main
+from lightning_template.engine.errors import MissingFileError
 from lightning_template.engine.monitor import EarlyStop
 from lightning_template.tasks.classification import SimpleCNN
 
@@ -346,3 +347,31 @@ def test_how_a_network_runs_is_not_part_of_its_checkpoint(tmp_path: Path, monkey
         conv = next(m for m in cli.model.net.modules() if isinstance(m, torch.nn.Conv2d) and m.in_channels > 1)
         assert conv.weight.is_contiguous(memory_format=torch.channels_last) is layout
         assert not {"compile", "channels_last"} & set(torch.load(last, weights_only=True)["hyper_parameters"])
+
+
+@pytest.mark.slow
+def test_a_checkpoint_alone_tests_on_its_data_or_names_the_option_for_data_that_moved(
+    tmp_path: Path, monkeypatch, fashion_mnist_dir: Path
+) -> None:
+    """`test --ckpt_path <file>` and nothing else: the datamodule from the hyper-parameters it saved in the checkpoint;
+    data that is not where it was is named in one line with the option that gives it."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "fm").mkdir()
+    for source in fashion_mnist_dir.glob("*-ubyte.gz"):
+        (tmp_path / "fm" / source.name).symlink_to(source)
+    ProjectCLI(args=["fit", "--config", str(ROOT / "configs/simple_cnn.yaml"), f"--data.data_dir={tmp_path / 'fm'}",
+                     "--trainer.max_steps=2", "--trainer.limit_val_batches=1", "--test_after_fit=false",
+                     "--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false"])  # fmt: skip
+    last = "logs/simple_cnn/version_0/checkpoints/last.ckpt"
+    quick = ["--trainer.limit_test_batches=2", "--trainer.enable_progress_bar=false", "--trainer.logger=false"]
+    alone = ProjectCLI(args=["test", f"--ckpt_path={last}", *quick])
+    assert type(alone.datamodule).__name__ == "FashionMNISTDataModule" and "test_acc" in alone.trainer.callback_metrics
+    (tmp_path / "fm").rename(tmp_path / "moved")
+    with pytest.raises(MissingFileError) as missing:
+        ProjectCLI(args=["test", f"--ckpt_path={last}", *quick])
+    assert str(missing.value) == (
+        f"--ckpt_path {last} was trained on data from --data.data_dir {tmp_path / 'fm'}, which is not there: give"
+        " --data.data_dir <where that data is now>."
+    )
+    moved = ProjectCLI(args=["test", f"--ckpt_path={last}", f"--data.data_dir={tmp_path / 'moved'}", *quick])
+    assert moved.trainer.callback_metrics["test_acc"] == alone.trainer.callback_metrics["test_acc"]

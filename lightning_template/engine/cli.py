@@ -15,6 +15,7 @@ from __future__ import annotations
 import difflib
 import importlib
 import inspect
+import json
 import os
 import re
 import signal
@@ -255,7 +256,10 @@ class ProjectCLI(CLIHooks):
         self._given = [str(a) for a in (sys.argv[1:] if args is None else args if isinstance(args, list) else [])]
         global _parsed_args
         _parsed_args = self._given  # for the parsers' error messages, which see no arguments
-        super().parse_arguments(parser, args)
+        alone = checkpoint_alone(self._given) if args is None or isinstance(args, list) else None
+        super().parse_arguments(parser, args if alone is None else alone.args)
+        if alone is not None:
+            alone.check_data_found(self.config[self._given[0]])
         subcommand = self.config.get("subcommand")
         config = self.config[subcommand] if subcommand else self.config
         logger = config.trainer.get("logger")
@@ -395,7 +399,7 @@ class ProjectCLI(CLIHooks):
         before = config.get("model")
         if before is None:
             return
-        explicit = self._explicit_model_settings(subcommand)
+        explicit = self._explicit_settings(subcommand)
         before = before.clone()
         self.config = self.parser.parse_object({subcommand: {"model": model_config(record)}}, self.config)
         after = self.config[subcommand].get("model")
@@ -418,22 +422,28 @@ class ProjectCLI(CLIHooks):
         if after.init_args.get("weights"):  # the checkpoint's weights replace them: not read (or downloaded) again
             after.init_args.weights = None
 
-    def _explicit_model_settings(self, subcommand: str) -> list[str]:
-        """The model settings that this command sets on top of its job config (the first config file outside
-        presets/), configs/defaults.yaml and the model class's defaults: by flags, stacked configs or the
-        environment."""
-        if not self._given:  # given a parsed config (a script running jobs): it is the job
-            return []
+    def _explicit_settings(self, subcommand: str, section: str = "model") -> dict[str, Any]:
+        """The settings of `section` (model or data) that this command sets on top of its job config (the first
+        config file outside presets/), configs/defaults.yaml and the class's defaults: by flags, stacked configs or
+        the environment; {setting: value}."""
         config = self.config[subcommand]
+        if not self._given or config.get(section) is None:  # given a parsed config (a script running jobs): the job
+            return {}
         job = [str(p) for p in config.get("config") or [] if Path(str(p)).parent.name != "presets"][:1]
         parser = subcommand_parser(self, subcommand)
         default_env, parser.default_env = parser.default_env, False
-        try:  # the same model class: a job config of it keeps its values, of another class gives the defaults
-            base = parser.parse_args([*(f"--config={c}" for c in job), f"--model={config.model.class_path}"])
+        try:  # the same class: a job config of it keeps its values, of another class gives the defaults
+            base = parser.parse_args([*(f"--config={c}" for c in job), f"--{section}={config[section].class_path}"])
         finally:
             parser.default_env = default_env
-        now, job_values = _leaves(config.model.get("init_args")), _leaves(base.model.get("init_args"))
-        return [key for key in now if key != "weights" and job_values.get(key, now[key]) != now[key]]
+        now, job_values = _leaves(config[section].get("init_args")), _leaves(base[section].get("init_args"))
+        flagged = [_setting(a[2:].partition("=")[0]) for a in self._given if a.startswith(f"--{section}.")]
+        return {
+            key: value
+            for key, value in now.items()
+            if key != "weights"
+            and (job_values.get(key, value) != value or any(f"{section}.{key}.".startswith(f"{f}.") for f in flagged))
+        }
 
     def before_instantiate_classes(self) -> None:
         subcommand = self.config.get("subcommand")
@@ -474,8 +484,20 @@ class ProjectCLI(CLIHooks):
         with, before the model is built from it: evaluating or predicting then needs no training files."""
         record = self.run_checkpoint
         state = None if record is None else record.datamodule_state(type(datamodule).__qualname__)
-        if state is not None:
-            datamodule.load_state_dict(state)
+        if state is None:
+            return
+        datamodule.load_state_dict(state)
+        # Settings given on top of the job that the saved state replaced (a tokenizer, a context) are refused, as
+        # the model's are: the datamodule's attributes of the same names are what it now holds.
+        given = self._explicit_settings(self.config.subcommand, "data") if self.config.get("subcommand") else {}
+        held = vars(datamodule)
+        changed = [f"--data.{k} {v!r} (checkpoint: {held[k]!r})" for k, v in given.items() if held.get(k, v) != v]
+        if changed:
+            raise ConfigError(
+                f"--ckpt_path {record.path}: the data is as the checkpoint saved it ({type(datamodule).__name__}'s"
+                f" state), which differs from {', '.join(changed)}, set by a flag, a stacked config or the environment."
+                " Drop them, or train a new run with them."
+            )
 
     def after_instantiate_classes(self) -> None:
         record = self.run_checkpoint
@@ -582,6 +604,68 @@ def _keep_the_last_of_each_single_callback(configured: list[Any]) -> None:
                 f"{path.rpartition('.')[2]} {dict(callbacks[-1].get('init_args') or {})} replaces the earlier"
                 f" {dict(replaced.get('init_args') or {})} (the later config wins)."
             )
+
+
+class CheckpointAlone:
+    """`validate|test|predict --ckpt_path <file>` without a config: the model and its datamodule as the checkpoint
+    holds them (its model class and hyper-parameters; its datamodule's hyper-parameters, or else its run's
+    config.yaml), with the command's flags on top."""
+
+    PATH_LIKE = ("root", "_dir", "_file", "_path")  # data settings that name a file or folder
+
+    def __init__(self, argv: list[str], record: RunCheckpoint) -> None:
+        self.record = record
+        data = self._data()
+        if not record.model_class:
+            raise ConfigError(
+                f"--ckpt_path {record.path}: the checkpoint does not name its model's class (it was not written by"
+                " this CLI): give --model <class> and --data <class>, or the --config of its job."
+            )
+        if data is None:
+            raise ConfigError(
+                f"--ckpt_path {record.path}: the checkpoint does not say which data it was trained on (its datamodule"
+                " saves no hyper-parameters, and its run folder has no config.yaml): give --data <class> and its"
+                " options, or the --config of its job."
+            )
+        self.data = data
+        self.args = [argv[0], f"--model={record.model_class}", f"--data={json.dumps(data, default=str)}", *argv[1:]]
+
+    def _data(self) -> dict[str, Any] | None:
+        saved = self.record.entries.get("datamodule_hyper_parameters")
+        if isinstance(saved, dict) and saved.get("_class_path"):
+            return {"class_path": saved["_class_path"], "init_args": {k: v for k, v in saved.items() if k[0] != "_"}}
+        config = self.record.path.parents[1] / "config.yaml" if len(self.record.path.parents) > 1 else None
+        if config is None or not config.is_file():
+            return None
+        data = (yaml.safe_load(config.read_text()) or {}).get("data")
+        return data if isinstance(data, dict) and data.get("class_path") else None
+
+    def check_data_found(self, config: Any) -> None:
+        """A file or folder the data was read from that is not there any more, unless a flag gives another one."""
+        now = _leaves(config.data.get("init_args"))
+        for key, value in (self.data.get("init_args") or {}).items():
+            given = key.endswith(self.PATH_LIKE) and isinstance(value, str) and now.get(key) == value
+            if given and not Path(value).exists():
+                raise MissingFileError(
+                    f"--ckpt_path {self.record.path} was trained on data from --data.{key} {value}, which is not"
+                    f" there: give --data.{key} <where that data is now>."
+                )
+
+
+def checkpoint_alone(argv: list[str]) -> CheckpointAlone | None:
+    """For `validate|test|predict --ckpt_path <file>` that names no config, model or data class: what rebuilds them."""
+    if not argv or argv[0] not in ("validate", "test", "predict"):
+        return None
+    classes = ("--config", "--model", "--data")
+    if any(a in classes or a.startswith(tuple(f"{c}=" for c in classes)) for a in argv[1:]):
+        return None
+    if any(k.startswith(f"PL_{argv[0].upper()}__{c[2:].upper()}") for k in os.environ for c in classes):
+        return None
+    paths = [argv[i + 1] for i, a in enumerate(argv[:-1]) if a == "--ckpt_path"]
+    paths += [a.partition("=")[2] for a in argv if a.startswith("--ckpt_path=")]
+    if not paths or paths[-1] in ("last", "best", "hpc"):  # those are found in the runs of a job config
+        return None
+    return CheckpointAlone(argv, RunCheckpoint.read(paths[-1]))
 
 
 def model_config(record: RunCheckpoint) -> dict[str, Any]:

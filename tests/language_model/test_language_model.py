@@ -138,6 +138,16 @@ def test_prompts_come_back_as_written_and_an_empty_prompts_file_is_refused(train
     assert not (trained / "generated.csv").exists()  # the earlier run's file does not pass for this one's
 
 
+@pytest.mark.slow
+def test_data_flags_that_the_checkpoint_fixes_are_refused_not_ignored(trained: Path) -> None:
+    """The checkpoint brings its vocabulary and context: another tokenizer or context on top is refused in one line
+    (the job's own values, which the checkpoint replaces, are not a choice)."""
+    output = _predict(trained, "--data.tokenizer=chars", "--data.context=16", expect=1)
+    assert "differs from --data.context 16 (checkpoint: 32), --data.tokenizer 'chars' (checkpoint: 'bpe')" in output
+    assert "Traceback" not in output
+    assert len(_generate(trained, "--data.tokenizer=bpe", "--data.context=32")) == 3  # as trained: no objection
+
+
 def test_a_bpe_vocabulary_round_trips_counts_characters_and_lives_in_a_checkpoint() -> None:
     entries = FortunesDataModule().splits["train"][:400]
     vocabulary = BPEVocabulary.train(entries, size=300)
@@ -165,6 +175,8 @@ def test_the_job_over_characters_reports_bits_per_character_and_says_which_promp
         rows = list(csv.DictReader(f))
     assert rows[0]["prompt"] == "Café au lait ☕" and rows[0]["generated"]  # as written, not as <unk>
     assert output.count("characters the model never saw in training") == 1 and "'☕'" in output.replace("é", "")
+    refused = _predict(tmp_path, "--data.tokenizer=bpe", expect=1)  # the job's value, given as a flag
+    assert "--data.tokenizer 'bpe' (checkpoint: 'chars')" in refused
 
 
 def _write(path: Path, text: str) -> Path:

@@ -183,6 +183,7 @@ class FortunesDataModule(LightningDataModule):
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self._vocabulary = vocabulary_from_state(state_dict)
+        self.tokenizer = state_dict.get("tokenizer", "chars")
         self.context = int(state_dict["context"])
 
     def setup(self, stage: str) -> None:
