@@ -40,8 +40,8 @@ def main(argv: list[str] | None = None) -> None:
         chosen = variants(args.seeds, args.folds)
         workers.set_threads(args.threads)
         base = runs.RunConfig.parse(flags)
-        out, todo = plan(base, name, chosen)
         environments = workers.assignments(args.workers, str(base.namespace.trainer.get("accelerator")))
+        out, todo = plan(base, name, chosen)
         if args.workers > 1:
             codes = workers.launch(__file__, [argv] * args.workers, environments)
             if 128 + signal.SIGTERM in codes:

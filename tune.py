@@ -68,6 +68,7 @@ def main(argv: list[str] | None = None) -> None:
         job_flags = [f"--config={c}" for c in args.config]
         config = runs.RunConfig.parse([*job_flags, *train_flags])
         config.check_single_process("tune.py")
+        environments = workers.assignments(args.workers, str(config.namespace.trainer.get("accelerator")))
         for param in params:  # every choice and both ends of every range, each on its own to name it
             for value in param.values:
                 try:
@@ -95,7 +96,6 @@ def main(argv: list[str] | None = None) -> None:
         )
         check_choices(study, params, args.search)
         check_settings(study, storage_url, config.settings(), params)
-        environments = workers.assignments(args.workers, str(config.namespace.trainer.get("accelerator")))
     except ConfigError as err:  # the space, the storage, train.py's flags, --workers: one line
         sys.exit(f"tune.py: {err}")
     search = Search(

@@ -20,6 +20,8 @@ import pytest
 import yaml
 from optuna.trial import TrialState
 
+import multirun
+import tune
 from tests.conftest import ROOT
 from tests.search.test_search import JOB, write_space
 
@@ -157,3 +159,25 @@ def test_multirun_with_two_workers_takes_over_a_killed_workers_seed_and_resumes_
         config = yaml.safe_load((out / f"seed_{seed}" / "config.yaml").read_text())
         assert config["seed_everything"] == seed and result["best_score"] > 0.1  # trained, not a guess
         assert not (out / f"seed_{seed}" / "claim.json").exists()
+
+
+@pytest.mark.parametrize(
+    ("option", "message"),
+    [
+        (["--workers", "0"], "--workers 0: give a number of worker processes of at least 1."),
+        (["--threads", "0"], "--threads 0: give a number of threads of at least 1."),
+    ],
+)
+def test_workers_or_threads_below_one_are_refused_in_one_line_before_anything_runs(
+    tmp_path, monkeypatch, option, message
+):
+    monkeypatch.chdir(tmp_path)
+    space = write_space(tmp_path / "space.yaml", GRID)
+    for script, args in (
+        (tune, ["--config", JOB, "--search", str(space), "--study", "z"]),
+        (multirun, ["--config", JOB, "--seeds", "1", "2"]),
+    ):
+        with pytest.raises(SystemExit) as stop:
+            script.main([*args, *option, *SHORT])
+        assert stop.value.code == f"{script.__name__}.py: {message}"
+    assert not (tmp_path / "logs").exists()
