@@ -38,7 +38,7 @@ $(VENV)/.installed: pyproject.toml | $(BIN)/python
 	$(BIN)/pip install -e .
 	touch $@
 
-# A dependency group on top of the core: .venv/.installed-test, -lint, -docs, -tune, -serve, ...
+# A dependency group of pyproject.toml on top of the core: .venv/.installed-test, -lint, -docs, ...
 $(VENV)/.installed-%: $(VENV)/.installed
 	$(BIN)/pip install -e '.[$*]'
 	touch $@

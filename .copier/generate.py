@@ -42,6 +42,7 @@ import yaml
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the template's root: its tests/ helpers
 from tests.extra_markers import strip_extra_blocks
 
+TEMPLATE = Path(__file__).resolve().parents[1]
 PACKAGE = "lightning_template"
 DIST = "lightning-template"
 ANSWERS = ".copier-answers.yml"
@@ -57,6 +58,42 @@ DATA_JOBS = {
     "image_folders": "fine-tunes a ResNet on your images in data/images/",
     "text_files": "trains a transformer on text (fortune cookies until you point it at yours)",
 }
+# The README's words on the data `make train` starts with, from its sample output to its **Data.** paragraph (the
+# template's are Fashion-MNIST's): each other choice's own.
+README_DATA_START, README_DATA_END = "On a fresh machine with Python", "\n\n## What you get\n"
+README_DATA = {
+    "image_folders": """On a fresh machine with Python ≥ 3.11, your images are all that is missing (below).
+`make train` ends with where the checkpoints and TensorBoard logs went, and the test accuracy when there is a test
+split:
+
+```
+best checkpoint: logs/resnet_finetune/version_0/checkpoints/epoch=<n>-val_acc=<value>.ckpt (val_acc=<value>)
+last checkpoint: logs/resnet_finetune/version_0/checkpoints/last.ckpt
+TensorBoard logs: tensorboard --logdir logs/resnet_finetune/version_0
+test accuracy: <value>
+```
+
+**Data.** Your images, one folder per class: `data/images/train/<class>/`, `data/images/val/<class>/` and, for a
+test accuracy, `data/images/test/<class>/` (`--data.root` points elsewhere). A split whose class folders hold no
+images stops the run, naming the folder; crops, flips and normalization statistics are flags
+([Fine-tuning](docs/finetuning.md#data-for-fine-tuning)).""",
+    "text_files": """On a fresh machine with Python ≥ 3.11 and Debian's `fortunes` package nothing else is needed.
+`make train` ends with the test accuracy and where the checkpoints and TensorBoard logs went:
+
+```
+best checkpoint: logs/transformer_text/version_0/checkpoints/epoch=<n>-val_acc=<value>.ckpt (val_acc=<value>)
+last checkpoint: logs/transformer_text/version_0/checkpoints/last.ckpt
+TensorBoard logs: tensorboard --logdir logs/transformer_text/version_0
+test accuracy: <value>
+```
+
+**Data.** `make text-data` (run by `make train`) writes fortune cookies by topic to `data/fortunes/` as
+`train.jsonl`, `val.jsonl` and `test.jsonl`. Yours go in CSV, TSV or JSONL files with a text and a label column:
+point `--data.train_file`, `--data.val_file` and `--data.test_file` at them in `configs/transformer_text.yaml`
+([Transformer](docs/transformer.md#text-data)).""",
+}
+# In a project without every extra, its README's last words on updates: the extras it can add, as Copier offers them.
+EXTRAS_OFFERED = "**Extras not in this project.**"
 TITLE = "Lightning project template"  # the template's name in README.md, docs/index.md, mkdocs.yml, pyproject.toml
 # Pages of figures measured on the template: a project's copy says so at its top.
 MEASURED = tuple(
@@ -227,10 +264,26 @@ def quoted(text: str) -> str:
     return json.dumps(text, ensure_ascii=False)
 
 
+def extras_offered(project: Project) -> str:
+    """The README's paragraph on the extras a project can add later, with copier.yml's words for each."""
+    offered = {value: label for label, value in questions(TEMPLATE)["extras"]["choices"].items()}
+    example = json.dumps([*sorted(project.extras), sorted(project.removed)[0]])
+    lines = [f"- {offered[name]}" for name in offered if name in project.removed]
+    return (
+        f"{EXTRAS_OFFERED} The template has more; an update adds those named with the ones the project has, e.g.\n\n"
+        f"```bash\ncopier update --trust --defaults -d 'extras={example}'\n```\n\n" + "\n".join(lines)
+    )
+
+
 def named(path: str, text: str, project: Project) -> str:
     """The project's name where the template's stands, written as each kind of file reads it."""
     if path in ("README.md", "docs/index.md"):
         text = text.replace(f"# {TITLE}\n", f"# {markdown_text(project.name)}\n", 1)
+        if path == "README.md" and project.data in README_DATA:
+            start, end = text.index(README_DATA_START), text.index(README_DATA_END)
+            text = text[:start] + README_DATA[project.data] + text[end:]
+        if path == "README.md" and project.removed:
+            text = text.replace("\n## Documentation\n", f"\n{extras_offered(project)}\n\n## Documentation\n", 1)
         return text.replace(DATA_JOBS["fashion_mnist"], DATA_JOBS[project.data])
     if path == "mkdocs.yml":
         return text.replace(f"site_name: {TITLE}\n", f"site_name: {quoted(project.name)}\n", 1)

@@ -1,4 +1,4 @@
-"""The extra markers of the project's text files, one rule for the generator (.copier/generate.py) and the docs tests.
+"""The extra markers of the project's text files, and the one rule that drops an extra's lines (the docs tests use it).
 
 Lines between `<!-- extra:NAME -->` and `<!-- /extra:NAME -->` (Markdown), or `# extra:NAME` and `# /extra:NAME`
 (Makefile, YAML, TOML), belong to the extra NAME of pyproject.toml's [tool.lightning_template.extras]: a project

@@ -159,7 +159,41 @@ def test_no_marker_sits_in_a_code_block_where_the_site_would_show_it() -> None:
             assert not (fenced and marker(line)), f"{path.relative_to(ROOT)}:{number}: a marker inside a code block"
 
 
+# extra:template
+# What the template's pages quote of its main job, checked against the job: a project's configs and pages are its
+# owner's to change (these tests are not in a project made from the template).
+CHECKPOINT_NAME = re.compile(r"logs/(\w+)/version_\d+/checkpoints/(epoch=(\d+)-\w+=[\d.]+\.ckpt)")
+
+
 def test_the_main_job_quoted_in_the_docs_is_the_config_file() -> None:
     job = (ROOT / "configs/simple_cnn.yaml").read_text().splitlines()
     body = "\n".join(re.sub(r"\s+#.*$", "", line) for line in job if not line.startswith("#")).strip()
-    assert f"```yaml\n{body}\n```" in (ROOT / "docs/configs.md").read_text()
+    assert f"```yaml\n{body}\n```" in (ROOT / "docs/configs.md").read_text(), (
+        "docs/configs.md's yaml block is not configs/simple_cnn.yaml: copy the file there (its comments left out)"
+    )
+
+
+def test_every_quoted_checkpoint_name_counts_epochs_from_1_within_its_job() -> None:
+    """The best epoch's checkpoint is named after its epoch counted from 1, as the console counts them: the rule is
+    stated where checkpoints are described, and every name the pages quote is one its job can write, the main
+    job's the one of the README's sample run."""
+    assert "epoch counted from 1" in (ROOT / "docs/reliability.md").read_text()
+    (sample,) = re.findall(r"^best checkpoint: (\S+)", (ROOT / "README.md").read_text(), flags=re.M)
+    for path in doc_paths(ROOT):
+        for quoted in CHECKPOINT_NAME.finditer(path.read_text()):
+            job, name, epoch = quoted[1], quoted[2], int(quoted[3])
+            configs = [(ROOT / "configs" / f"{config}.yaml").read_text() for config in (job, "defaults")]
+            epochs = int(next(m[1] for text in configs if (m := re.search(r"(?m)^  max_epochs: (\d+)", text))))
+            where = f"{path.relative_to(ROOT)}: {name}"
+            assert 1 <= epoch <= epochs, f"{where}: epoch {epoch} of a {epochs}-epoch job (counted from 1)"
+            assert job != "simple_cnn" or quoted[0] == sample, f"{where}: not the README's sample run ({sample})"
+
+
+def test_the_readme_says_where_its_python_commands_run_before_it_shows_one() -> None:
+    """`python train.py ...` works in a fresh shell only in the venv `make train` made: the README says so first."""
+    readme = (ROOT / "README.md").read_text()
+    first = re.search(r"(?<![\w/])python [\w/]+\.py ", readme)
+    assert first and "source .venv/bin/activate" in readme[: first.start()], "README.md: activate the venv first"
+
+
+# /extra:template

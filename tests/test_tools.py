@@ -1,4 +1,4 @@
-"""Tools around training: presets, export, predict to CSV, TensorBoard images and hparams."""
+"""Tools around training: presets, predict to CSV, TensorBoard images and hparams."""
 
 from __future__ import annotations
 

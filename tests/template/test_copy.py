@@ -176,20 +176,30 @@ def test_the_package_renamed_and_the_blocks_dropped_need_no_formatter(package: s
         assert done.returncode == 0, done.stdout + done.stderr
 
 
+def test_no_comment_lines_up_after_the_package_name() -> None:
+    """A project's package has its own name, longer or shorter: a comment aligned after the template's would stray."""
+    tracked = git("ls-files", "--cached", "--others", "--exclude-standard", cwd=ROOT).splitlines()
+    for name in tracked:
+        text = text_of(ROOT / name) if (ROOT / name).is_file() else None
+        for line in (text or "").splitlines():
+            assert not re.search(r"lightning[_-]template\S*   +#", line), f"{name}: {line}"
+
+
 # -- copier copy ------------------------------------------------------------------------------------------------
 
 
 # What names an extra, beyond its paths: its make targets and dependency groups, its libraries and features, as the
 # docs and comments would say them. A project without the extra has none of them in any file.
 EXTRA_WORDS = {
-    "search": ["make tune", "make seeds", "make test-search", "[tune]", "Optuna", "optuna", "hyperparameter search",
-               "tune.py", "multirun.py", "search extra", "searches"],
-    "serving": ["make serve", "make bench-serve", "[serve]", "[export]", "schemathesis", "LitServe", "litserve",
-                "ONNX", "onnx", "TorchScript", "serve.py", "export.py", "Docker", "serving", "HTTP API"],
+    "search": ["make tune", "make seeds", "make test-search", "[tune]", "-tune", ".installed-tune", "Optuna", "optuna",
+               "hyperparameter search", "tune.py", "multirun.py", "search extra", "searches"],
+    "serving": ["make serve", "make bench-serve", "[serve]", "[export]", "-serve", "*.onnx", "/exports/",
+                "schemathesis", "LitServe", "litserve", "ONNX", "onnx", "TorchScript", "serve.py", "export.py",
+                "Docker", "serving", "HTTP API"],
     "streaming": ["[stream]", "LitData", "litdata", "streaming", "convert.py", "beyond RAM"],
     "benchmarks": ["make bench", "make bench-main", "make bench-quick", "make bench-scale", "make bench-gpu",
                    "benchmarks/"],
-    "trackers": ["mlflow.yaml", "wandb.yaml", "tests/trackers"],
+    "trackers": ["mlflow.yaml", "wandb.yaml", "tests/trackers", "/mlruns/", "/wandb/"],
     "tools": ["EMA", "SWA", "weight averaging", "LR finder", "learning-rate finder", "lr_find", "batch-size finder",
               "batch_size_finder", "tools extra"],
     "language_model": ["language model", "language_model", "LanguageModel", "5-gram", "n-gram", "bits per character",
@@ -223,6 +233,8 @@ def mentions_in(project: Path, removed: set[str]) -> dict[str, list[str]]:
     found = {}
     for path in project_files(project):
         text = text_of(path)
+        if text and GENERATE.EXTRAS_OFFERED in text:  # the README's list of the extras the project can add
+            text = text[: text.index(GENERATE.EXTRAS_OFFERED)] + text[text.index("\n## Documentation\n") :]
         hits = sorted(w for w in words if text and re.search(rf"(?<![\w/.-]){re.escape(w)}(?![\w])", text))
         if hits:
             found[path.relative_to(project).as_posix()] = hits
@@ -242,6 +254,7 @@ def check_project(project: Path, answers: dict, package: str, slug: str) -> None
             assert not re.search("lightning[_-]template", text), f"{name} names the template's package"
             assert markers_in(text) <= kept | {"extras"}, f"{name} has markers of removed extras"
             assert "extra:template" not in text, f"{name} keeps the template's own words"
+            assert not re.search(r"\.copier/|copier\.yml|tests/template|^\|.*\btemplate\b", text, flags=re.M), name
             assert not text or (text.endswith("\n") and not text.endswith("\n\n")), f"{name}: not one last newline"
     assert not mentions_in(project, removed), "files name what the project does not have"
     for path in {path for paths in EXTRAS.values() for path in paths}:  # of one extra, or of two (both kept)

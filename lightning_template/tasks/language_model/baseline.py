@@ -1,7 +1,7 @@
 """The baseline the language model has to beat: a character n-gram model with add-k smoothing, on the same split
 and vocabulary as `configs/language_model.yaml` (FortunesDataModule's defaults).
 
-    python -m lightning_template.tasks.language_model.baseline            # 5-gram, k chosen on validation
+    python -m lightning_template.tasks.language_model.baseline  # 5-gram, k chosen on validation
     python -m lightning_template.tasks.language_model.baseline --order 3 --k 0.1
 
 P(c | h) = (count(h c) + k) / (count(h) + k V), h the n-1 characters before c in the stream of entries (each
