@@ -28,7 +28,6 @@ from torch.utils.data import (
     Dataset,
     IterableDataset,
     RandomSampler,
-    SequentialSampler,
     SubsetRandomSampler,
     WeightedRandomSampler,
     get_worker_info,

@@ -60,9 +60,10 @@ class Setup:
         args += [f"--trainer.{k}={v}" for k, v in self.trainer.items()]
         args += ["--trainer.callbacks+=tests.generated_setups.TrainedBatches"]
         if self.step_checkpoints:
+            every = f"--trainer.callbacks.every_n_train_steps={self.step_checkpoints}"
             args += [
-                "--trainer.callbacks+=ModelCheckpoint", f"--trainer.callbacks.every_n_train_steps={self.step_checkpoints}",
-                "--trainer.callbacks.save_top_k=-1", "--trainer.callbacks.filename={step}",
+                "--trainer.callbacks+=ModelCheckpoint", every, "--trainer.callbacks.save_top_k=-1",
+                "--trainer.callbacks.filename={step}",
             ]  # fmt: skip
         return [*args, *QUIET]
 

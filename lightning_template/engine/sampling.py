@@ -86,7 +86,9 @@ def fit_position(trainer: Trainer | None) -> tuple[int, int] | None:
         return None
     epochs, batches = trainer.fit_loop.epoch_progress.current, trainer.fit_loop.epoch_loop.batch_progress.current
     in_progress = epochs.started > epochs.processed  # else the batch counts are the finished epoch's
-    return epochs.processed, batches.processed if in_progress else 0
+    # The epoch is the one the trainer counts (`current_epoch`, epochs completed): a run restarted with `max_steps`
+    # from a checkpoint at an epoch's last batch has that epoch processed twice by Lightning's counters.
+    return epochs.completed, batches.processed if in_progress else 0
 
 
 class EpochSampler(DistributedSampler, ResumesFromLoop):
@@ -177,6 +179,22 @@ class SeededBatches(Dataset):
             return [self.dataset[i] for i in positions]
 
 
+def is_stateful_dataloader(loader: Any) -> bool:
+    """torchdata's StatefulDataLoader (a DataLoader subclass with `state_dict`), recognized without importing it."""
+    return type(loader).__name__ == "StatefulDataLoader" and type(loader).__module__.startswith("torchdata.")
+
+
+def shuffles(sampler: Any) -> bool | None:
+    """True for a full shuffle (torch's RandomSampler, or torchdata's twin), False for the dataset's order, None for
+    any other sampler."""
+    if type(sampler) is SequentialSampler:
+        return False
+    random = isinstance(sampler, RandomSampler) or (
+        type(sampler).__name__ == "RandomSampler" and type(sampler).__module__.startswith("torchdata.")
+    )
+    return True if random else None
+
+
 def not_rebuildable(loader: Any) -> str | None:
     """Why `loader` cannot be rebuilt with an `EpochSampler` giving the same batches, or None if it can: every
     argument of its sampler must be one the rebuilt loader honours (a full shuffle or the dataset's order)."""
@@ -184,7 +202,7 @@ def not_rebuildable(loader: Any) -> str | None:
         return f"the training loaders are a {type(loader).__name__} of {len(loader)} (Lightning's CombinedLoader)"
     if not isinstance(loader, DataLoader):
         return f"the training loader is a {type(loader).__name__}, not one DataLoader"
-    if type(loader) is not DataLoader:
+    if type(loader) is not DataLoader and not is_stateful_dataloader(loader):
         return f"the training loader is a {type(loader).__name__} (a DataLoader subclass)"
     if isinstance(loader.dataset, IterableDataset):
         return f"the training loader reads an IterableDataset ({type(loader.dataset).__name__})"
@@ -193,11 +211,11 @@ def not_rebuildable(loader: Any) -> str | None:
     if loader.batch_size is None:
         return "the training loader does not batch (batch_size=None)"
     sampler = loader.sampler
-    if type(sampler) not in (RandomSampler, SequentialSampler):
+    if shuffles(sampler) is None:
         return f"the training loader's order comes from a {type(sampler).__name__}"
-    if isinstance(sampler, RandomSampler) and sampler.replacement:
+    if shuffles(sampler) and sampler.replacement:
         return "the training loader's RandomSampler draws with replacement"
-    if isinstance(sampler, RandomSampler) and sampler.num_samples != len(loader.dataset):  # type: ignore[arg-type]
+    if shuffles(sampler) and sampler.num_samples != len(loader.dataset):  # type: ignore[arg-type]
         return (
             f"the training loader's RandomSampler draws num_samples={sampler.num_samples} of the"
             f" {len(loader.dataset)} samples an epoch"  # type: ignore[arg-type]
@@ -214,20 +232,23 @@ def resumable_loader(loader: Any, trainer: Trainer) -> tuple[Any, str | None]:
     under DDP, each rank its shard, seeded by `--seed_everything` rather than a `generator` of the loader's) and
     `SeededBatches`; any other sampler or batch sampler is kept, with the reason (`not_rebuildable`). A loader that
     already continues by itself (a `ResumesFromLoop` sampler or loader, or one with `state_dict`, which Lightning
-    restores) is kept as it is.
+    restores) is kept as it is, except torchdata's StatefulDataLoader over a map-style dataset: rebuilt too, since its
+    restored state starts the next epoch in another order than a run never stopped (and Lightning does not restore
+    it when `configure_optimizers` reads `trainer.estimated_stepping_batches`, Lightning #20550).
     """
     if isinstance(loader, ResumesFromLoop) or isinstance(getattr(loader, "sampler", None), ResumesFromLoop):
         return loader, None
     if isinstance(getattr(loader, "batch_sampler", None), ResumesFromLoop):
         return loader, None
-    if callable(getattr(loader, "state_dict", None)) and callable(getattr(loader, "load_state_dict", None)):
+    stateful = callable(getattr(loader, "state_dict", None)) and callable(getattr(loader, "load_state_dict", None))
+    if stateful and not (is_stateful_dataloader(loader) and not isinstance(loader.dataset, IterableDataset)):
         return loader, None
     if why := not_rebuildable(loader):
         return loader, why
     rank = world(trainer)[1]
     sampler = EpochSampler(
         loader.dataset, loader.batch_size, trainer, global_seed(), sample_seeds=True,  # type: ignore[arg-type]
-        shuffle=isinstance(loader.sampler, RandomSampler),
+        shuffle=bool(shuffles(loader.sampler)),
     )  # fmt: skip
     workers = loader.num_workers
     rebuilt = DataLoader(
