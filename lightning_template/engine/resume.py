@@ -14,7 +14,8 @@ For any LightningModule and LightningDataModule. What a resumed run must reprodu
 Stopping: SIGTERM (cluster pre-emption, `kill`) and the first Ctrl-C stop at the next optimizer-step boundary
 (never between the micro-batches of one accumulated step; after an epoch's last batch, at the epoch's end, after its
 validation), all DDP ranks at the same one, and `ResumeCheckpoint` writes `last.ckpt` there; a second Ctrl-C aborts
-at once and writes a checkpoint only if the loop happens to be at such a boundary. A checkpoint is never written in the middle of a step or with non-finite weights.
+at once and writes a checkpoint only if the loop happens to be at such a boundary. A checkpoint is never written in
+the middle of a step or with non-finite weights.
 """
 
 from __future__ import annotations
