@@ -10,7 +10,7 @@ ARGS ?=
 export MALLOC_MMAP_THRESHOLD_ ?= 33554432
 export MALLOC_TRIM_THRESHOLD_ ?= 1073741824
 
-.PHONY: install data train test test-all matrix lint format hooks docs clean transfer fortunes text-data
+.PHONY: install data train test test-all matrix resume-fuzz lint format hooks docs clean transfer fortunes text-data
 # extra:timm
 .PHONY: transfer-timm
 # /extra:timm
@@ -88,6 +88,14 @@ test-all: $(VENV)/.installed-test
 # One folder of tests: make test-NAME runs tests/NAME/.
 test-%: $(VENV)/.installed-test
 	$(BIN)/python -m pytest tests/$*
+
+# Exact resume over setups drawn by Hypothesis (tests/test_generated_setups.py): EXAMPLES of them (a few seconds each),
+# SEED=N another set; a failure prints its smallest setup and the command that replays it.
+EXAMPLES ?= 200
+SEED ?= 0
+resume-fuzz: $(VENV)/.installed-test
+	RESUME_FUZZ_EXAMPLES=$(EXAMPLES) RESUME_FUZZ_SEED=$(SEED) $(BIN)/python -m pytest tests/test_generated_setups.py \
+		-k generated_setup -p no:logging -q --hypothesis-show-statistics
 
 # The setups matrix: the whole exact-resume fault-injection matrix (100 cells, about 5 minutes), with its table, and the
 # CLI resume of every job config and callback preset (about 6 minutes).

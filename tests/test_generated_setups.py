@@ -273,12 +273,23 @@ def workdir() -> Iterator[Path]:
         yield Path(folder)
 
 
-# The smallest setups the generator found, pinned so that each stays fixed.
-PLATEAU = Setup(
+# Setups pinned as examples, each run before the drawn ones: what the generator found (each failed before its fix).
+PLATEAU = Setup(  # ReduceLROnPlateau on val_loss at epoch ends, as Lightning's docs configure it
     model={"scheduler": "ReduceLROnPlateau", "interval": "epoch", "returns": "dict", "strict": True},
     data={"loader": "map"},
     trainer={"max_epochs": 3},
 )
+PLATEAU_EVERY_STEP = Setup(  # the same at every step, validating twice an epoch
+    model={"scheduler": "ReduceLROnPlateau", "interval": "step", "returns": "dict", "strict": False},
+    data={"loader": "map"},
+    trainer={"max_epochs": 2, "val_check_interval": 0.5},
+)
+STATEFUL_LOADER = Setup(  # torchdata's StatefulDataLoader, the schedule's length read from the trainer
+    model={"scheduler": "OneCycleLR", "interval": "step", "returns": "dict"},
+    data={"loader": "stateful"},
+    trainer={"max_epochs": 2},
+)
+MAX_STEPS = Setup(data={"loader": "map", "batch_size": 16, "drop_last": True}, trainer={"max_steps": 9})
 
 
 @pytest.mark.slow
@@ -290,6 +301,11 @@ PLATEAU = Setup(
 )  # fmt: skip
 @example(setup=PLATEAU, stop=Stop("sigterm", 6))  # an epoch's last batch
 @example(setup=PLATEAU, stop=Stop("kill", 1))  # right after the first epoch's last.ckpt
+@example(setup=PLATEAU, stop=Stop("sigterm", 2))  # inside the first epoch
+@example(setup=PLATEAU_EVERY_STEP, stop=Stop("kill", 1))  # right after the first mid-epoch validation's last.ckpt
+@example(setup=STATEFUL_LOADER, stop=Stop("sigterm", 3))
+@example(setup=STATEFUL_LOADER, stop=Stop("kill", 2))  # right after an epoch-end checkpoint
+@example(setup=MAX_STEPS, stop=Stop("kill", 1))  # the epoch-end last.ckpt of a run that ends mid-epoch
 @given(setup=setups(), stop=stops)
 def test_a_generated_setup_resumes_exactly_or_is_told_why_not(setup: Setup, stop: Stop, workdir: Path) -> None:
     note(replay(setup, stop))
