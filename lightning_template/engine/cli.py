@@ -82,10 +82,10 @@ def installed_callbacks() -> list[Any]:
     checkpoint, a stop at NaN, a check that monitored metrics are logged, a clean exit of DDP processes,
     learning rates in the logs, and the console's progress."""
     return [
+        CheckpointFacts(),  # first: a resume with another seed is refused before ExactResume says it continues
         ExactResume(),
         ProcessGroupTeardown(),
         ResumeCheckpoint(),
-        CheckpointFacts(),
         FiniteLossGuard(),
         MonitoredMetrics(),
         LearningRateMonitor(logging_interval="step"),
@@ -634,8 +634,8 @@ class CheckpointAlone:
         saved = self.record.entries.get("datamodule_hyper_parameters")
         if isinstance(saved, dict) and saved.get("_class_path"):
             return {"class_path": saved["_class_path"], "init_args": {k: v for k, v in saved.items() if k[0] != "_"}}
-        config = self.record.path.parents[1] / "config.yaml" if len(self.record.path.parents) > 1 else None
-        if config is None or not config.is_file():
+        config = self.record.path.parent.parent / "config.yaml"  # <run>/checkpoints/<file>: the run's config
+        if self.record.path.parent.name != "checkpoints" or not config.is_file():
             return None
         data = (yaml.safe_load(config.read_text()) or {}).get("data")
         return data if isinstance(data, dict) and data.get("class_path") else None
