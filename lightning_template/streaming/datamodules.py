@@ -162,7 +162,7 @@ def decode_image(data: bytes, mode: str, size: int) -> np.ndarray:
         image = image.convert(mode)
     if image.size != (size, size):
         image = center_crop(image.resize(resized_size(image.size, size), Image.Resampling.BILINEAR), size)
-    array = np.asarray(image, dtype=np.uint8)
+    array = np.array(image, dtype=np.uint8)  # writable: torch.from_numpy warns on a read-only array
     return array[None] if array.ndim == 2 else array.transpose(2, 0, 1)
 
 
