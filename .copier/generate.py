@@ -27,6 +27,7 @@ Plain Python 3.10 and PyYAML (what Copier runs on); the template's tests run it 
 from __future__ import annotations
 
 import argparse
+import difflib
 import json
 import os
 import re
@@ -235,6 +236,11 @@ def check_package_name(package: str, reserved: set[str]) -> None:
         )
 
 
+def meant(name: str, known: Iterable[str]) -> list[str]:
+    """The known name a misspelled one is closest to, if one is close."""
+    return difflib.get_close_matches(name, list(known), n=1)
+
+
 # -- the text --------------------------------------------------------------------------------------------------
 
 
@@ -266,7 +272,7 @@ def quoted(text: str) -> str:
 
 def extras_offered(project: Project) -> str:
     """The README's paragraph on the extras a project can add later, with copier.yml's words for each."""
-    offered = {value: label for label, value in questions(TEMPLATE)["extras"]["choices"].items()}
+    offered = {value: label for label, value in questions(TEMPLATE)["extra_choices"]["default"].items()}
     example = json.dumps([*sorted(project.extras), sorted(project.removed)[0]])
     lines = [f"- {offered[name]}" for name in offered if name in project.removed]
     return (
@@ -420,7 +426,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--slug", default=DIST, help="The distribution name, pyproject.toml's [project] name.")
     parser.add_argument("--name", default=TITLE, help="The project's name.")
     parser.add_argument("--extras", default="", help="The extras kept, comma-separated.")
-    parser.add_argument("--data", default="fashion_mnist", choices=sorted(DATA_CONFIGS))
+    parser.add_argument("--data", default="fashion_mnist", help=f"One of {', '.join(DATA_CONFIGS)}.")
     parser.add_argument("--operation", default="copy", help="Copier's: copy or update.")
     parser.add_argument("--refused", default="", help="copier.yml's verdict on the answers: why they cannot work.")
     args = parser.parse_args(argv)
@@ -434,7 +440,14 @@ def main(argv: list[str] | None = None) -> None:
     manifest = questions(args.template)["extra_paths"]["default"]
     extras = frozenset(name.strip() for name in args.extras.split(",") if name.strip())
     if unknown := extras - manifest.keys():
-        raise Refused(f"no such extra: {sorted(unknown)} (extras: {sorted(manifest)})")
+        fixed = sorted((extras - unknown) | {close for name in unknown for close in meant(name, manifest)})
+        raise Refused(
+            f"no such extra: {', '.join(sorted(unknown))} (the extras: {', '.join(manifest)}); a YAML list of them,"
+            f" e.g. -d 'extras={json.dumps(fixed or sorted(manifest)[:1])}'"
+        )
+    if args.data not in DATA_CONFIGS:
+        fixed = (meant(args.data, DATA_CONFIGS) or list(DATA_CONFIGS))[0]
+        raise Refused(f"no such data: {args.data} (one of {', '.join(DATA_CONFIGS)}), e.g. -d data={fixed}")
     if args.refused:  # a rule of copier.yml's that the checks above do not know: nothing was written
         raise Refused(args.refused)
     project = Project(args.package, args.slug, args.name, extras, args.data, manifest)

@@ -85,8 +85,8 @@ def test_every_marker_names_an_extra_or_a_pseudo_block_and_is_closed() -> None:
 def test_the_questions_match_the_manifest_and_the_generator() -> None:
     manifest = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["lightning_template"]["extras"]
     assert manifest == EXTRAS  # copier.yml's extra_paths (what Copier leaves out) and the project's own record
-    assert sorted(QUESTIONS["extras"]["choices"].values()) == sorted(EXTRAS)
-    assert sorted(QUESTIONS["data"]["choices"].values()) == sorted(GENERATE.DATA_CONFIGS)
+    assert sorted(QUESTIONS["extra_choices"]["default"].values()) == sorted(EXTRAS)
+    assert sorted(QUESTIONS["data_choices"]["default"].values()) == sorted(GENERATE.DATA_CONFIGS)
     for config in GENERATE.DATA_CONFIGS.values():
         assert (ROOT / config).is_file(), config
         assert not any(GENERATE.under(config, paths) for paths in EXTRAS.values()), f"{config} is in an extra"
@@ -337,6 +337,8 @@ REFUSED = [
     (["-d", "package_name=2leaf"], "starting with a letter", "new"),
     (["-d", "project_name=Réseau Neuronal"], "-d package_name=reseau_neuronal", "existing"),
     (["-d", "project_name=Plant Disease Classifiers"], "-d package_name=plant_disease_classifie", "new"),
+    (["-d", 'extras=["serach", "tools"]'], """e.g. -d 'extras=["search", "tools"]'""", "existing"),
+    (["-d", "data=mnist"], "e.g. -d data=fashion_mnist", "new"),
 ]  # fmt: skip
 
 
@@ -360,11 +362,9 @@ def test_a_name_given_on_the_command_line_is_refused_in_one_line_and_nothing_is_
 
 def refused_by_the_questions(answers: dict) -> str:
     """copier.yml's `refused`: why answers given with -d or --defaults cannot make a project ("" when they can)."""
-    return (
-        JINJA.from_string(QUESTIONS["refused"]["default"])
-        .render(**answers, reserved_names=QUESTIONS["reserved_names"]["default"])
-        .strip()
-    )
+    defaults = {name: QUESTIONS[name]["default"] for name in ("reserved_names", "extra_choices", "data_choices")}
+    given = {"extras": [], "data": "fashion_mnist", **answers}
+    return JINJA.from_string(QUESTIONS["refused"]["default"]).render(**defaults, **given).strip()
 
 
 @pytest.mark.parametrize("name", PROJECT_NAMES, ids=repr)

@@ -57,11 +57,11 @@ def test_a_project_without_every_extra_names_those_it_can_add_and_how(template: 
     project = make_project(template, tmp_path / "project", {**CORE, "extras": ["tools"]})
     readme = (project / "README.md").read_text()
     offered = readme[readme.index(GENERATE.EXTRAS_OFFERED) : readme.index("\n## Documentation\n")]
-    for label, name in QUESTIONS["extras"]["choices"].items():
+    for label, name in QUESTIONS["extra_choices"]["default"].items():
         assert (label in offered) is (name != "tools"), label
     (command,) = re.findall(r"^copier update --trust --defaults -d 'extras=(\[.*\])'$", offered, flags=re.M)
     named = yaml.safe_load(command)
-    assert "tools" in named and set(named) <= set(QUESTIONS["extras"]["choices"].values()), named
+    assert "tools" in named and set(named) <= set(QUESTIONS["extra_choices"]["default"].values()), named
 
 
 def project_pytest(project: Path, *tests: str) -> subprocess.CompletedProcess:
