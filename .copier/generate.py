@@ -6,17 +6,19 @@ extras not chosen (`extra_paths`, the same table as pyproject.toml's [tool.light
 package is written under its own name (`{{ package_name }}` is a link to lightning_template/). Then, in the new
 project's folder (and in Copier's renders of the old and the new template during `copier update`, so that their
 diffs line up), this script, as copier.yml's task:
-1. refuses a name that would make a project that does not work, in one line (Copier's questions check the same
-   rules while they are asked: a refusal there asks again);
+1. refuses answers that would make a project that does not work, in one line: a name, an extra, a data choice
+   (Copier's questions check the same rules while they are asked: a refusal there asks again; given with -d or
+   --defaults, copier.yml's `refused` has Copier write nothing and run this script in the template's folder);
 2. in an update that removes extras, refuses before anything is lost if the owner edited or added files among
    theirs, naming them, and puts the project back as it was (its last commit);
 3. edits the text of the files Copier wrote: drops the marked blocks of the removed extras (lines from `# extra:NAME`
    or `<!-- extra:NAME -->` to `# /extra:NAME` or `<!-- /extra:NAME -->`; the markers of the extras kept remain,
    so the project's own tests can still drop them) and their entries in pyproject.toml's table, points the
    Makefile's `CONFIG ?=` at the chosen data's job, writes the project's name where the template's stands and
-   renames the package (`lightning_template` -> NAME, `lightning-template` -> the distribution name) in the text.
+   renames the package (`lightning_template` -> NAME, `lightning-template` -> the distribution name) in the text;
+   the README says what the project's data is and which extras it can add.
 The rename needs no formatter: the template's code keeps its lines and import order whatever the package's name
-(tests/test_copier.py checks the shortest and the longest names with ruff).
+(tests/template/test_copy.py checks the shortest and the longest names with ruff).
 
 As copier.yml's migration after an update (`--after-update`), it names the files where the owner's changes and the
 template's met on the same lines, and says how to finish.
