@@ -84,7 +84,7 @@ class TimmClassifier(ClassificationModule):
                 .pth, a folder timm's save_for_hf wrote, a checkpoint of an earlier run. Everything but the
                 classifier is loaded, strictly; a ViT's position embeddings follow the image size.
             img_size: The side the network works at: inputs of another size are resized to it inside the network
-                (export and serving do the same); None: the data's. Families with a fixed input size (ViT, Swin) are
+                (so does the exported network); None: the data's. Families with a fixed input size (ViT, Swin) are
                 built for it (timm's img_size); the others need enough pixels for their stride (ConvNeXt: 32).
             drop_rate: Dropout before the classifier (timm's drop_rate).
             drop_path_rate: Stochastic depth (timm's drop_path_rate), in the families that have it.

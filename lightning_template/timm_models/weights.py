@@ -59,9 +59,9 @@ def create(backbone: str, **kwargs: Any) -> nn.Module:
 
 
 def read_weights(path: Path) -> dict[str, torch.Tensor]:
-    """The tensors of a weights file under timm's names: timm's .safetensors or .pth (its training checkpoints:
-    their EMA weights), a folder timm's `save_for_hf` wrote, a checkpoint of a run of this project or its network's
-    state dict (`net.model.` or `model.` before timm's names; a ResNetClassifier's are timm's ResNet names)."""
+    """The tensors of a weights file under timm's names: timm's .safetensors or .pth (of its training checkpoints,
+    the moving average first), a folder timm's `save_for_hf` wrote, a checkpoint of a run of this project or its
+    network's state dict (`net.model.` or `model.` before timm's names; a ResNetClassifier's are timm's ResNet's)."""
     if path.is_dir():
         path = next((path / name for name in HUB_FILES if (path / name).is_file()), path / HUB_FILES[0])
     if not path.is_file():

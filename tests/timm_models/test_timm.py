@@ -18,11 +18,13 @@ from lightning import Callback, Trainer, seed_everything
 from timm.models import load_state_dict
 
 from lightning_template.engine import ExactResume, ResumeCheckpoint
+from lightning_template.engine.cli import ProjectCLI
 from lightning_template.tasks.classification import FashionMNISTDataModule, TwoStageFinetuning
 from lightning_template.tasks.classification.models.pretrained import WeightsError
 from lightning_template.timm_models import TimmClassifier
 from lightning_template.timm_models.weights import PROXY_VARIABLES, read_weights
 
+from tests.conftest import ROOT
 from tests.helpers import SignalAtBatch, same_state
 from tests.timm_models.weights_files import saved_by_timm
 
@@ -37,7 +39,7 @@ MUST_FREEZE = {
     "convnext_atto": ["model.stem.1.weight", "model.stages.3.blocks.1.gamma", "model.head.norm.weight"],
     "vit_tiny_patch16_224": ["model.cls_token", "model.pos_embed", "model.blocks.11.norm1.weight", "model.norm.weight"],
 }
-CLASSES = [0, 1, 7]  # T-shirt, Trouser, Sneaker: 16 training images each, 3 batches of 16 an epoch
+CLASSES = [0, 1, 7]  # T-shirt, Trouser, Sneaker: 8 training images each, 3 batches of 8 an epoch
 
 
 def timm_kwargs(backbone: str) -> dict[str, Any]:
@@ -78,7 +80,7 @@ class Snapshots(Callback):
 
 
 def fit(backbone: str, weights: str, directory: Path, *callbacks: Callback, ckpt_path: Path | None = None) -> Any:
-    datamodule = FashionMNISTDataModule(batch_size=16, classes=CLASSES, train_samples_per_class=16)
+    datamodule = FashionMNISTDataModule(batch_size=8, classes=CLASSES, train_samples_per_class=8)
     seed_everything(3)
     model = model_of(backbone, weights)
     finetuning = TwoStageFinetuning(unfreeze_at_epoch=1, backbone_warmup_epochs=0.5)
@@ -185,3 +187,17 @@ def test_the_pretrained_tag_offline_fails_in_one_line_and_uses_the_cache(
     net = TimmClassifier(backbone="resnet10t", weights="pretrained").net
     file = load_state_dict(str(snapshot / "model.safetensors"))
     assert torch.equal(net.model.layer4[0].conv2.weight, file["layer4.0.conv2.weight"])
+
+
+def test_the_preset_puts_a_timm_backbone_in_a_job(tmp_path: Path, timm_files: Path, monkeypatch) -> None:
+    """`make transfer-timm`'s step 2: the recipe's job and its fine-tuning preset, with presets/timm.yaml's model in
+    place of the job's, the job's optimizer and schedule kept."""
+    monkeypatch.chdir(tmp_path)
+    configs = [f"--config={ROOT / 'configs' / name}" for name in ("resnet_fmnist_small.yaml", "presets/timm.yaml")]
+    configs.append(f"--config={ROOT / 'configs/presets/transfer.yaml'}")
+    weights = saved_by_timm("convnext_atto", timm_files)
+    cli = ProjectCLI(args=[*configs, f"--model.weights={weights}", "--trainer.logger=false"], run=False)
+    assert isinstance(cli.model, TimmClassifier) and cli.model.hparams.backbone == "convnext_atto"
+    assert cli.model.hparams.optimizer["init_args"]["lr"] == 0.002 and cli.model.hparams.warmup_epochs == 1
+    assert cli.model.net.get_classifier().out_features == 5 and cli.model.net.img_size == (32, 32)
+    assert [c.backbone_lr_ratio for c in cli.trainer.callbacks if isinstance(c, TwoStageFinetuning)] == [1.0]
