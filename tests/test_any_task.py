@@ -271,3 +271,5 @@ def test_a_checkpoint_alone_validates_and_predicts_or_says_what_to_give(tmp_path
     Path("away.ckpt").write_bytes(Path(last).read_bytes())
     with pytest.raises(ConfigError, match=r"--ckpt_path away.ckpt: the checkpoint does not say which data it was"):
         ProjectCLI(args=["test", "--ckpt_path=away.ckpt", *quiet])
+    with pytest.raises(ConfigError, match=r"--ckpt_path best is found among the runs of a job: give its --config"):
+        ProjectCLI(args=["test", "--ckpt_path=best", *quiet])

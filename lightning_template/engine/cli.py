@@ -454,6 +454,8 @@ class ProjectCLI(CLIHooks):
         if subcommand == "predict":  # nothing to log: no run folder (the CSV is the result), no config.yaml in it
             config.trainer.logger = False
             self.save_config_callback = None
+            # An earlier run's CSV goes before anything is built: a command refused while building leaves none.
+            Path(config.predictions.output_file).unlink(missing_ok=True)
         if not config.trainer.get("logger"):  # --trainer.logger false: nothing to monitor learning rates into
             callbacks = [c for c in callbacks if not isinstance(c, LearningRateMonitor)]
         configured = config.trainer.get("callbacks") or []
@@ -663,8 +665,12 @@ def checkpoint_alone(argv: list[str]) -> CheckpointAlone | None:
         return None
     paths = [argv[i + 1] for i, a in enumerate(argv[:-1]) if a == "--ckpt_path"]
     paths += [a.partition("=")[2] for a in argv if a.startswith("--ckpt_path=")]
-    if not paths or paths[-1] in ("last", "best", "hpc"):  # those are found in the runs of a job config
+    if not paths or paths[-1] == "hpc":
         return None
+    if paths[-1] in ("last", "best"):
+        raise ConfigError(
+            f"--ckpt_path {paths[-1]} is found among the runs of a job: give its --config, or the checkpoint's path."
+        )
     return CheckpointAlone(argv, RunCheckpoint.read(paths[-1]))
 
 
