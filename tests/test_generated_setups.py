@@ -21,7 +21,7 @@ import os
 import tempfile
 import warnings
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -293,6 +293,7 @@ STATEFUL_LOADER = Setup(  # torchdata's StatefulDataLoader, the schedule's lengt
     trainer={"max_epochs": 2},
 )
 MAX_STEPS = Setup(data={"loader": "map", "batch_size": 16, "drop_last": True}, trainer={"max_steps": 9})
+MAX_STEPS_NO_VALIDATION = replace(MAX_STEPS, trainer={"max_steps": 9, "check_val_every_n_epoch": 2})
 
 
 @pytest.mark.slow
@@ -309,6 +310,7 @@ MAX_STEPS = Setup(data={"loader": "map", "batch_size": 16, "drop_last": True}, t
 @example(setup=STATEFUL_LOADER, stop=Stop("sigterm", 3))
 @example(setup=STATEFUL_LOADER, stop=Stop("kill", 2))  # right after an epoch-end checkpoint
 @example(setup=MAX_STEPS, stop=Stop("kill", 1))  # the epoch-end last.ckpt of a run that ends mid-epoch
+@example(setup=MAX_STEPS_NO_VALIDATION, stop=Stop("kill", 0))  # the same, the epoch without validation
 @given(setup=setups(), stop=stops)
 def test_a_generated_setup_resumes_exactly_or_is_told_why_not(setup: Setup, stop: Stop, workdir: Path) -> None:
     note(replay(setup, stop))

@@ -23,6 +23,8 @@ USED = (
     ("trainer", "fit_loop._combined_loader"),
     ("trainer", "fit_loop._data_source"),
     ("trainer", "fit_loop._restarting"),
+    ("trainer", "fit_loop.epoch_loop.val_loop._has_run"),
+    ("trainer", "fit_loop.epoch_loop._should_check_val_fx"),
     ("trainer", "fit_loop._combined_loader_states_to_load"),
     ("trainer", "fit_loop._load_combined_loader_states"),
     ("trainer", "_accelerator_connector.cluster_environment"),
@@ -72,6 +74,27 @@ def step_plateau_schedulers_at_this_epoch_end(trainer: Trainer) -> None:
     stopped: the fit loop skips that step while it is restarting (`fit_loop.on_advance_end`). Called at the epoch's
     `on_train_epoch_end`, before the check; the loop's children keep their own restarting state."""
     trainer.fit_loop._restarting = False
+
+
+def end_restarted_epoch(trainer: Trainer) -> bool:
+    """A run with `max_steps` restarted from a checkpoint written at an epoch's end (after its validation, if it had
+    one): Lightning's epoch loop waits for a validation to finish the epoch, and trains one more batch of it where
+    the epoch has none (`check_val_every_n_epoch`, `val_check_interval`). Say that it has none to wait for. True if
+    so (`leave_restart` must then be called when the next epoch starts)."""
+    loop = trainer.fit_loop
+    if not loop.restarted_on_epoch_end or loop.epoch_loop._should_check_val_fx(loop._data_fetcher):
+        return False
+    loop.epoch_loop.val_loop._has_run = True
+    return True
+
+
+def leave_restart(trainer: Trainer) -> None:
+    """The epoch loop and its validation leave their restart state, as they do after the first batch of a restarted
+    epoch (after `end_restarted_epoch`, no batch of the restarted epoch runs)."""
+    loop = trainer.fit_loop.epoch_loop
+    loop.on_iteration_done()
+    loop.val_loop.restarting = False
+    loop.val_loop._has_run = False
 
 
 def forget_train_loader(trainer: Trainer) -> None:

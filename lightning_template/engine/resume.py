@@ -40,6 +40,8 @@ from lightning_template.engine.errors import ConfigError
 from lightning_template.engine.lightning_internals import (
     closes_accumulation_window,
     cluster_environment,
+    end_restarted_epoch,
+    leave_restart,
     load_train_loader_states,
     mark_saved_at,
     requeue_slurm_job,
@@ -170,6 +172,7 @@ class ExactResume(Callback):
         self._warnings: warnings.catch_warnings | None = None  # Lightning's warning silenced for this run
         self._inexact: str | None = None  # why the training loader cannot continue mid-epoch, if it cannot
         self._plateau_at_epoch_end = False  # the restarted epoch's plateau step: Lightning's to take at its end
+        self._leave_restart = False  # restarted at an epoch's end: the loops leave their restart state at the next
 
     # -- the training loader: made to continue from the loop's position --------------------------
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
@@ -217,6 +220,7 @@ class ExactResume(Callback):
             )
         if self._saved is None:
             return
+        self._leave_restart = end_restarted_epoch(trainer)
         self._restore_plateau_schedulers(trainer)
         loaded = load_train_loader_states(trainer)
         workers = getattr(trainer.train_dataloader, "num_workers", 0) > 0
@@ -278,6 +282,9 @@ class ExactResume(Callback):
         seed_all(derive_seed(global_seed(), trainer.current_epoch, batch, trainer.global_rank))
 
     def on_train_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if self._leave_restart:
+            self._leave_restart = False
+            leave_restart(trainer)
         self._seed_batch(trainer, 0)
 
     def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, *args: Any) -> None:
