@@ -142,10 +142,10 @@ def test_prompts_come_back_as_written_and_an_empty_prompts_file_is_refused(train
 def test_data_flags_that_the_checkpoint_fixes_are_refused_not_ignored(trained: Path) -> None:
     """The checkpoint brings its vocabulary and context: another tokenizer or context on top is refused in one line
     (the job's own values, which the checkpoint replaces, are not a choice)."""
+    assert len(_generate(trained, "--data.tokenizer=bpe", "--data.context=32")) == 3  # as trained: no objection
     output = _predict(trained, "--data.tokenizer=chars", "--data.context=16", expect=1)
     assert "differs from --data.context 16 (checkpoint: 32), --data.tokenizer 'chars' (checkpoint: 'bpe')" in output
-    assert "Traceback" not in output
-    assert len(_generate(trained, "--data.tokenizer=bpe", "--data.context=32")) == 3  # as trained: no objection
+    assert "Traceback" not in output and not (trained / "generated.csv").exists()  # not the earlier run's either
 
 
 def test_a_bpe_vocabulary_round_trips_counts_characters_and_lives_in_a_checkpoint() -> None:
