@@ -10,6 +10,7 @@ passes its own tests with its own `make` targets, as its README runs them.
 from __future__ import annotations
 
 import ast
+import itertools
 import json
 import os
 import re
@@ -360,28 +361,23 @@ def test_a_name_given_on_the_command_line_is_refused_in_one_line_and_nothing_is_
     assert folder == "new" or not any((tmp_path / "project").iterdir())
 
 
-def refused_by_the_questions(answers: dict) -> str:
-    """copier.yml's `refused`: why answers given with -d or --defaults cannot make a project ("" when they can)."""
-    defaults = {name: QUESTIONS[name]["default"] for name in ("reserved_names", "extra_choices", "data_choices")}
-    given = {"extras": [], "data": "fashion_mnist", **answers}
-    return JINJA.from_string(QUESTIONS["refused"]["default"]).render(**defaults, **given).strip()
-
-
-@pytest.mark.parametrize("name", PROJECT_NAMES, ids=repr)
-@pytest.mark.parametrize("package", ["", "leaf", "a" * 25, "torch"])
-def test_answers_given_are_refused_before_writing_exactly_when_the_generator_refuses(name: str, package: str) -> None:
+def test_answers_given_are_refused_before_writing_exactly_when_the_generator_refuses() -> None:
     """Given with -d or --defaults, the answers Copier writes nothing for (copier.yml's `refused`) are the answers
     the generator refuses: no project left half made, none refused that would work."""
-    slug = slug_of(name) if name.isascii() else package.replace("_", "-")
-    verdict = refused_by_the_questions({"project_name": name, "package_name": package, "project_slug": slug})
+    refused = JINJA.from_string(QUESTIONS["refused"]["default"])  # copier.yml's: why ("" when they can work)
+    defaults = {name: QUESTIONS[name]["default"] for name in ("reserved_names", "extra_choices", "data_choices")}
     reserved = GENERATE.reserved_names(ROOT)
-    try:
-        GENERATE.check_project_name(name, slug, reserved)
-        GENERATE.check_package_name(package, reserved)
-        given = ""
-    except SystemExit as refusal:
-        given = str(refusal.code)
-    assert bool(verdict) is bool(given), (verdict, given)
+    for name, package in itertools.product(PROJECT_NAMES, ["", "leaf", "a" * 25, "torch"]):
+        slug = slug_of(name) if name.isascii() else package.replace("_", "-")
+        answers = {"project_name": name, "package_name": package, "project_slug": slug}
+        verdict = refused.render(**defaults, **answers, extras=[], data="fashion_mnist").strip()
+        try:
+            GENERATE.check_project_name(name, slug, reserved)
+            GENERATE.check_package_name(package, reserved)
+            given = ""
+        except SystemExit as refusal:
+            given = str(refusal.code)
+        assert bool(verdict) is bool(given), (name, package, verdict, given)
 
 
 def python_3_10() -> str:
