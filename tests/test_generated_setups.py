@@ -318,6 +318,7 @@ def test_a_generated_setup_resumes_exactly_or_is_told_why_not(setup: Setup, stop
     note(result)
 
 
+@pytest.mark.slow
 def test_replay(workdir: Path) -> None:
     """One setup and stop, given as RESUME_SETUP (the line a failure prints)."""
     spec = os.environ.get("RESUME_SETUP")

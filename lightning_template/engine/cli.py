@@ -325,6 +325,8 @@ class ProjectCLI(CLIHooks):
             return
         self._check_same_data(config, found, run)
         logger.init_args[RUN_ARG[logger_class]] = found.tracker_runs.get(logger_class) or run.name
+        # Its checkpoints are in that folder: Lightning's warning about a folder not empty is meant for a new run.
+        warnings.filterwarnings("ignore", r"Checkpoint directory .* exists and is not empty", UserWarning)
 
     def _check_same_data(self, config: Any, found: RunCheckpoint, run: Path) -> None:
         """Continuing a run with other data would rewrite its config.yaml, the record of how it was trained."""
@@ -452,6 +454,8 @@ class ProjectCLI(CLIHooks):
         if subcommand != "fit":  # the checkpoint's callback states, which only `fit` restores, are not missed
             warnings.filterwarnings("ignore", "Be aware that when using `ckpt_path`", module="lightning.pytorch")
         if subcommand == "predict":  # nothing to log: no run folder (the CSV is the result), no config.yaml in it
+            # A stream has no sample indices: CSVPredictionWriter numbers its rows by their place in the stream.
+            warnings.filterwarnings("ignore", "Couldn't infer the batch indices", module="lightning.pytorch")
             config.trainer.logger = False
             self.save_config_callback = None
             # An earlier run's CSV goes before anything is built: a command refused while building leaves none.
