@@ -245,6 +245,16 @@ class ExactResume(Callback):
             )
             return
         self._check_same_batches(trainer)
+        within = done % trainer.accumulate_grad_batches
+        if within and not epoch_ran_out(trainer):
+            rank_zero_warn(
+                f"ExactResume: resuming epoch {trainer.current_epoch} after {done} batches, inside an accumulated step"
+                f" of {trainer.accumulate_grad_batches}: the checkpoint holds no gradient of its first {within}"
+                " micro-batches, so the step is taken without them and the run is not the one never stopped (such a"
+                " checkpoint comes from a validation every N batches, N not a multiple of accumulate_grad_batches;"
+                " last.ckpt is never written there)."
+            )
+            return
         rank_zero_info(f"ExactResume: continuing epoch {trainer.current_epoch} after {done} batches.")
 
     def _restore_plateau_schedulers(self, trainer: Trainer) -> None:
