@@ -350,6 +350,7 @@ def test_how_a_network_runs_is_not_part_of_its_checkpoint(tmp_path: Path, monkey
 
 
 @pytest.mark.slow
+@pytest.mark.matrix  # nightly: the slowest checks
 def test_a_checkpoint_alone_tests_on_its_data_or_names_the_option_for_data_that_moved(
     tmp_path: Path, monkeypatch, fashion_mnist_dir: Path
 ) -> None:

@@ -137,6 +137,7 @@ def test_two_workers_on_postgresql_share_the_grid_resume_a_killed_worker_and_mat
 
 
 @pytest.mark.slow
+@pytest.mark.matrix  # nightly: the slowest checks
 def test_multirun_with_two_workers_takes_over_a_killed_workers_seed_and_resumes_it(tmp_path):
     args = ["--config", JOB, "--seeds", "1", "2", "--workers", "2", "--name", "m", *SHORT]
     process = start([sys.executable, str(ROOT / "multirun.py"), *args], tmp_path)

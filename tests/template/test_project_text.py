@@ -81,6 +81,7 @@ def release(template: Path, version: str) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.matrix  # nightly: the slowest checks
 def test_copies_and_updates_take_the_newest_release_tag(tmp_path: Path) -> None:
     """The release step the README documents gives the version Copier records, at a copy and at the update after
     the next release (no --vcs-ref: the README's commands as written)."""

@@ -117,8 +117,12 @@ def test_loads_the_file_timm_saved_as_timm_loads_it(backbone: str, timm_files: P
         assert len(unchanged) > len(kept) // 2 and all(torch.equal(loaded[k], file[k]) for k in unchanged)
 
 
+# The ResNet in test-all, the ConvNeXt and the ViT nightly (make matrix).
+NIGHTLY_FAMILIES = [pytest.param(b, marks=pytest.mark.matrix if FAMILIES[b] else ()) for b in FAMILIES]
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("backbone", FAMILIES)
+@pytest.mark.parametrize("backbone", NIGHTLY_FAMILIES)
 def test_two_stages_freeze_what_they_should_and_resume_exactly_after_sigterm(
     backbone: str, timm_files: Path, tmp_path: Path, fashion_mnist_dir: Path
 ) -> None:
