@@ -36,7 +36,7 @@ from lightning_template.engine.errors import ProjectError
 
 from tests import generated_setups as user
 
-EXAMPLES = int(os.environ.get("RESUME_FUZZ_EXAMPLES", 8))
+EXAMPLES = int(os.environ.get("RESUME_FUZZ_EXAMPLES", 24))
 FUZZ_SEED = int(os.environ.get("RESUME_FUZZ_SEED", 0))
 QUIET = [
     "--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false", "--trainer.log_every_n_steps=2",
