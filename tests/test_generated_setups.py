@@ -299,6 +299,9 @@ STATEFUL_LOADER = Setup(  # torchdata's StatefulDataLoader, the schedule's lengt
 )
 MAX_STEPS = Setup(data={"loader": "map", "batch_size": 16, "drop_last": True}, trainer={"max_steps": 9})
 MAX_STEPS_NO_VALIDATION = replace(MAX_STEPS, trainer={"max_steps": 9, "check_val_every_n_epoch": 2})
+BATCH_SAMPLER = Setup(  # a RandomSampler in a BatchSampler draws its order from torch's generator
+    data={"loader": "batch_sampler", "batch_size": 16}, trainer={"max_epochs": 2}
+)
 INSIDE_A_STEP = Setup(  # the best-epoch checkpoint of a validation every 3 batches, accumulating 2
     data={"loader": "map", "batch_size": 12},
     trainer={"accumulate_grad_batches": 2, "val_check_interval": 3, "max_steps": 7},
@@ -320,6 +323,7 @@ INSIDE_A_STEP = Setup(  # the best-epoch checkpoint of a validation every 3 batc
 @example(setup=STATEFUL_LOADER, stop=Stop("kill", 2))  # right after an epoch-end checkpoint
 @example(setup=MAX_STEPS, stop=Stop("kill", 1))  # the epoch-end last.ckpt of a run that ends mid-epoch
 @example(setup=MAX_STEPS_NO_VALIDATION, stop=Stop("kill", 0))  # the same, the epoch without validation
+@example(setup=BATCH_SAMPLER, stop=Stop("validation", 0))  # a stop in the epoch-end validation: resumed between epochs
 @example(setup=INSIDE_A_STEP, stop=Stop("kill", 0))  # said: the step's first micro-batch has no gradient saved
 @given(setup=setups(), stop=stops)
 def test_a_generated_setup_resumes_exactly_or_is_told_why_not(setup: Setup, stop: Stop, workdir: Path) -> None:

@@ -173,6 +173,7 @@ class ExactResume(Callback):
         self._inexact: str | None = None  # why the training loader cannot continue mid-epoch, if it cannot
         self._plateau_at_epoch_end = False  # the restarted epoch's plateau step: Lightning's to take at its end
         self._leave_restart = False  # restarted at an epoch's end: the loops leave their restart state at the next
+        self._iterate_anew = False  # resumed between epochs: the next epoch's loader iterator is made after seeding
 
     # -- the training loader: made to continue from the loop's position --------------------------
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
@@ -221,6 +222,7 @@ class ExactResume(Callback):
         if self._saved is None:
             return
         self._leave_restart = end_restarted_epoch(trainer)
+        self._iterate_anew = not trainer.fit_loop.restarted_mid_epoch
         self._restore_plateau_schedulers(trainer)
         loaded = load_train_loader_states(trainer)
         workers = getattr(trainer.train_dataloader, "num_workers", 0) > 0
@@ -296,6 +298,12 @@ class ExactResume(Callback):
             self._leave_restart = False
             leave_restart(trainer)
         self._seed_batch(trainer, 0)
+        if self._iterate_anew and train_data_fetcher(trainer) is not None:
+            # Lightning made the iterator before the run was seeded for this epoch, and keeps it for the first epoch of
+            # a resumed run: a sampler that draws its order from torch's generator (a batch sampler's RandomSampler)
+            # would take another order than the run never stopped. Made again, after the epoch's seeding.
+            iter(train_data_fetcher(trainer))
+        self._iterate_anew = False
 
     def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, *args: Any) -> None:
         # Seeded here, not at batch start: the next batch is augmented on the device before that hook runs.
