@@ -298,7 +298,8 @@ class ExactResume(Callback):
             self._leave_restart = False
             leave_restart(trainer)
         self._seed_batch(trainer, 0)
-        if self._iterate_anew and train_data_fetcher(trainer) is not None:
+        lightning_keeps_it = trainer.fit_loop.is_resuming or trainer.fit_loop.epoch_loop.restarting
+        if self._iterate_anew and lightning_keeps_it and train_data_fetcher(trainer) is not None:
             # Lightning made the iterator before the run was seeded for this epoch, and keeps it for the first epoch of
             # a resumed run: a sampler that draws its order from torch's generator (a batch sampler's RandomSampler)
             # would take another order than the run never stopped. Made again, after the epoch's seeding.
