@@ -45,8 +45,9 @@ QUIET = [
 
 
 # What the resume says, in one line at its start, when it cannot be the run never stopped: its loader cannot be
-# skipped into (it starts the epoch's data again), or its checkpoint was written inside an accumulated step.
-SAID_WHY = ("starts the epoch's data again", "inside an accumulated step")
+# skipped into (it starts the epoch's data again), its checkpoint was written inside an accumulated step, or before
+# the validation due after its batch.
+SAID_WHY = ("starts the epoch's data again", "inside an accumulated step", "before the validation due")
 
 
 @dataclass(frozen=True)
@@ -302,6 +303,12 @@ MAX_STEPS_NO_VALIDATION = replace(MAX_STEPS, trainer={"max_steps": 9, "check_val
 BATCH_SAMPLER = Setup(  # a RandomSampler in a BatchSampler draws its order from torch's generator
     data={"loader": "batch_sampler", "batch_size": 16}, trainer={"max_epochs": 2}
 )
+STEP_BEFORE_VALIDATION = Setup(  # a checkpoint every 2 steps, written before the validation after the same batch
+    model={"dropout": 0.2},
+    data={"loader": "map", "batch_size": 12, "drop_last": True},
+    trainer={"accumulate_grad_batches": 3, "max_epochs": 2, "val_check_interval": 3},
+    step_checkpoints=2,
+)
 INSIDE_A_STEP = Setup(  # the best-epoch checkpoint of a validation every 3 batches, accumulating 2
     data={"loader": "map", "batch_size": 12},
     trainer={"accumulate_grad_batches": 2, "val_check_interval": 3, "max_steps": 7},
@@ -324,6 +331,7 @@ INSIDE_A_STEP = Setup(  # the best-epoch checkpoint of a validation every 3 batc
 @example(setup=MAX_STEPS, stop=Stop("kill", 1))  # the epoch-end last.ckpt of a run that ends mid-epoch
 @example(setup=MAX_STEPS_NO_VALIDATION, stop=Stop("kill", 0))  # the same, the epoch without validation
 @example(setup=BATCH_SAMPLER, stop=Stop("validation", 0))  # a stop in the epoch-end validation: resumed between epochs
+@example(setup=STEP_BEFORE_VALIDATION, stop=Stop("kill", 2))  # said: that validation is not run
 @example(setup=INSIDE_A_STEP, stop=Stop("kill", 0))  # said: the step's first micro-batch has no gradient saved
 @given(setup=setups(), stop=stops)
 def test_a_generated_setup_resumes_exactly_or_is_told_why_not(setup: Setup, stop: Stop, workdir: Path) -> None:

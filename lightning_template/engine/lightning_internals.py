@@ -88,6 +88,13 @@ def end_restarted_epoch(trainer: Trainer) -> bool:
     return True
 
 
+def skips_due_validation(trainer: Trainer) -> bool:
+    """A run restarted in an epoch from a checkpoint written after a batch and before the validation due after it
+    (`every_n_train_steps`): Lightning goes on past that validation without running it."""
+    loop = trainer.fit_loop.epoch_loop
+    return not loop.val_loop.restarted_mid_evaluation and loop._should_check_val_fx(trainer.fit_loop._data_fetcher)
+
+
 def leave_restart(trainer: Trainer) -> None:
     """The epoch loop and its validation leave their restart state, as they do after the first batch of a restarted
     epoch (after `end_restarted_epoch`, no batch of the restarted epoch runs)."""

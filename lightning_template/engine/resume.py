@@ -46,6 +46,7 @@ from lightning_template.engine.lightning_internals import (
     mark_saved_at,
     requeue_slurm_job,
     save_now,
+    skips_due_validation,
     step_plateau_schedulers_at_this_epoch_end,
     stop_after_this_step,
     train_data_fetcher,
@@ -247,6 +248,14 @@ class ExactResume(Callback):
             )
             return
         self._check_same_batches(trainer)
+        if skips_due_validation(trainer):
+            rank_zero_warn(
+                f"ExactResume: resuming epoch {trainer.current_epoch} after {done} batches, from a checkpoint written"
+                " before the validation due after that batch (every_n_train_steps): Lightning goes on without running"
+                " it, so its metrics (and the best checkpoint, early stopping or plateau step they decide) are not"
+                " the run's that was stopped. last.ckpt and the best-epoch checkpoint are written after it."
+            )
+            return
         within = done % trainer.accumulate_grad_batches
         if within and not epoch_ran_out(trainer):
             rank_zero_warn(
