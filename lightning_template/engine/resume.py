@@ -307,13 +307,14 @@ class ExactResume(Callback):
             self._leave_restart = False
             leave_restart(trainer)
         self._seed_batch(trainer, 0)
-        lightning_keeps_it = trainer.fit_loop.is_resuming or trainer.fit_loop.epoch_loop.restarting
-        if self._iterate_anew and lightning_keeps_it and train_data_fetcher(trainer) is not None:
+        if self._iterate_anew:
+            self._iterate_anew = False
             # Lightning made the iterator before the run was seeded for this epoch, and keeps it for the first epoch of
             # a resumed run: a sampler that draws its order from torch's generator (a batch sampler's RandomSampler)
             # would take another order than the run never stopped. Made again, after the epoch's seeding.
-            iter(train_data_fetcher(trainer))
-        self._iterate_anew = False
+            lightning_keeps_it = trainer.fit_loop.is_resuming or trainer.fit_loop.epoch_loop.restarting
+            if lightning_keeps_it and train_data_fetcher(trainer) is not None:
+                iter(train_data_fetcher(trainer))
 
     def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, *args: Any) -> None:
         # Seeded here, not at batch start: the next batch is augmented on the device before that hook runs.
