@@ -1,16 +1,22 @@
 # Set-up is part of every target: a fresh clone needs only `make train` or `make test`. Each target installs the
-# dependency groups of pyproject.toml it needs, once: `make train` the core alone; `make test` adds `test`,
-# `make lint` adds `lint`, `make docs` adds `docs`.
+# dependency groups of pyproject.toml it needs, once, at the versions uv.lock holds: `make train` the core alone;
+# `make test` adds `test`, `make lint` adds `lint`, `make docs` adds `docs`. After editing pyproject.toml's
+# dependencies: `make lock`, and commit uv.lock with it.
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
+# uv installs from the lock (`--locked`: a lock that no longer matches pyproject.toml stops the install, naming the fix);
+# this release of it goes into the venv, so every machine resolves the same way.
+UV_VERSION := 0.13.9
+UV := $(BIN)/uv
+export UV_PROJECT_ENVIRONMENT := $(VENV)
 CONFIG ?= configs/simple_cnn.yaml
 ARGS ?=
 # glibc's default malloc thresholds make CPU timings swing by +-30%; these pin them.
 export MALLOC_MMAP_THRESHOLD_ ?= 33554432
 export MALLOC_TRIM_THRESHOLD_ ?= 1073741824
 
-.PHONY: install data train test test-all matrix resume-fuzz lint format hooks docs clean transfer fortunes text-data
+.PHONY: install lock data train test test-all matrix resume-fuzz lint format hooks docs clean transfer fortunes text-data
 # extra:timm
 .PHONY: transfer-timm
 # /extra:timm
@@ -34,14 +40,22 @@ $(BIN)/python:
 	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' || { echo "Needs Python 3.11 or newer: make PYTHON=python3.12 ..."; exit 1; }
 	$(PYTHON) -m venv $(VENV)
 
-$(VENV)/.installed: pyproject.toml | $(BIN)/python
-	$(BIN)/pip install -e .
+$(UV): | $(BIN)/python
+	$(BIN)/pip install --quiet uv==$(UV_VERSION)
+
+# The core and the project itself (editable). `--inexact` keeps the groups other targets installed.
+$(VENV)/.installed: pyproject.toml uv.lock | $(UV)
+	$(UV) sync --locked --inexact
 	touch $@
 
 # A dependency group of pyproject.toml on top of the core: .venv/.installed-test, -lint, -docs, ...
 $(VENV)/.installed-%: $(VENV)/.installed
-	$(BIN)/pip install -e '.[$*]'
+	$(UV) sync --locked --inexact --extra $*
 	touch $@
+
+# uv.lock again from pyproject.toml (the package index, reachable), keeping the locked versions that still fit.
+lock: | $(UV)
+	$(UV) lock
 
 .PRECIOUS: $(VENV)/.installed-%
 install: $(VENV)/.installed

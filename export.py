@@ -5,7 +5,7 @@
 Writes, each checked against the LightningModule on a real validation batch and on a
 batch of another size (the batch axis is dynamic):
 - net.ts           TorchScript (torch.jit.load; no Python class needed)
-- net.onnx         ONNX, run with onnxruntime (`pip install -e '.[export]'` for onnx/onnxruntime)
+- net.onnx         ONNX, run with onnxruntime (`uv sync --inexact --extra export` for onnx/onnxruntime)
 - net_state_dict.pt  the bare network's state dict, loadable with torch.load(weights_only=True)
                    into `<Model>(**hparams).net` (hparams in net_hparams.json)
 - serving.json     how raw inputs become the network's input, for `serve.py --onnx_path <out>/net.onnx`
@@ -92,7 +92,7 @@ def main() -> None:
         run_onnx = lambda x: torch.from_numpy(session.run(None, {"input": x.numpy()})[0])  # noqa: E731
         results.append(report("onnx", out / "net.onnx", difference(run_onnx), config.atol))
     else:
-        print("onnx        skipped: pip install -e '.[export]' (onnx, onnxruntime)")
+        print("onnx        skipped: uv sync --inexact --extra export (onnx, onnxruntime)")
 
     spec = checkpoint.get(SPEC_KEY) or datamodule.serving_spec()
     (out / SPEC_FILE).write_text(json.dumps(spec))

@@ -16,7 +16,10 @@ diffs line up), this script, as copier.yml's task:
    so the project's own tests can still drop them) and their entries in pyproject.toml's table, points the
    Makefile's `CONFIG ?=` at the chosen data's job, writes the project's name where the template's stands and
    renames the package (`lightning_template` -> NAME, `lightning-template` -> the distribution name) in the text;
-   the README says what the project's data is and which extras it can add.
+   the README says what the project's data is and which extras it can add;
+4. locks the project's own dependency groups: `uv lock` makes uv.lock match its pyproject.toml, keeping the versions the
+   template locked (from uv's cache when it holds them, else from the package index); without uv, or with neither,
+   it says in one line that `make lock` must run first.
 The rename needs no formatter: the template's code keeps its lines and import order whatever the package's name
 (tests/template/test_copy.py checks the shortest and the longest names with ruff).
 
@@ -33,6 +36,7 @@ import difflib
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import unicodedata
@@ -333,6 +337,29 @@ def write_project_text(root: Path, template: Path, project: Project) -> None:
             target.write_text(new, encoding="utf-8")
 
 
+def uv_command() -> str | None:
+    """uv: the one the caller names (uv sets $UV for what it runs), on PATH, or beside this Python (a venv's)."""
+    beside = Path(sys.executable).parent / "uv"
+    return os.environ.get("UV") or shutil.which("uv") or (str(beside) if beside.is_file() else None)
+
+
+def lock(root: Path) -> None:
+    """uv.lock for the project's own groups: the template's lock re-resolved against the project's pyproject.toml
+    (uv keeps the versions locked there); offline first, so that a warm cache needs no network."""
+    if not (root / "uv.lock").is_file():
+        return
+    uv = uv_command()
+    done = None
+    for offline in (["--offline"], []):
+        if uv is None:
+            break
+        done = subprocess.run([uv, "lock", "--quiet", *offline], cwd=root, capture_output=True, text=True)
+        if done.returncode == 0:
+            return
+    why = "no uv found" if done is None else (done.stderr.strip().splitlines() or ["uv lock failed"])[-1]
+    print(f"uv.lock still holds the template's groups ({why}): run `make lock` before `make`.", file=sys.stderr)
+
+
 # -- copier update -----------------------------------------------------------------------------------------------
 
 
@@ -458,6 +485,7 @@ def main(argv: list[str] | None = None) -> None:
         if theirs:
             refuse_to_remove_the_owners_files(root, gone, theirs)
     write_project_text(root, args.template, project)
+    lock(root)
 
 
 if __name__ == "__main__":

@@ -125,7 +125,7 @@ def check_tracker_installed(logger_class: str) -> None:
         importlib.import_module(module)
     except ImportError:
         raise MissingPackageError(
-            f"--trainer.logger {logger_class} needs the `{module}` package: pip install -e '.[{extra}]'"
+            f"--trainer.logger {logger_class} needs the `{module}` package: uv sync --inexact --extra {extra}"
             " (or choose another logger preset in configs/presets/)."
         ) from None
 
@@ -228,7 +228,7 @@ def run_location(logger: Logger | None) -> str | None:
         if uri.startswith(("http://", "https://")):
             return f"{where}: {uri.rstrip('/')}/#/experiments/{run.info.experiment_id}/runs/{run.info.run_id}"
         # The UI is in the full `mlflow` package; the `mlflow` extra has only the client (mlflow-skinny).
-        return f"{where}: mlflow ui --backend-store-uri {uri}  (needs pip install -e '.[mlflow-ui]')"
+        return f"{where}: mlflow ui --backend-store-uri {uri}  (needs uv sync --inexact --extra mlflow-ui)"
     if isinstance(logger, WandbLogger):
         run = logger.experiment
         if run.offline:

@@ -56,7 +56,7 @@ def require_litdata() -> None:
         import litdata  # noqa: F401
     except ImportError as err:
         raise MissingPackageError(
-            "Streaming datasets need LitData: pip install -e '.[stream]' (make test installs it)."
+            "Streaming datasets need LitData: uv sync --inexact --extra stream (make test installs it)."
         ) from err
 
 

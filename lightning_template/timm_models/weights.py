@@ -28,7 +28,7 @@ try:
     from timm.models import get_pretrained_cfg, load_state_dict, load_state_dict_from_hf
 except ImportError as err:
     raise MissingPackageError(
-        "TimmClassifier needs timm: pip install -e '.[timm]' (make train CONFIG=configs/timm_finetune.yaml does)."
+        "TimmClassifier needs timm: uv sync --inexact --extra timm (make train CONFIG=configs/timm_finetune.yaml does)."
     ) from err
 
 HUB_TAGS = ("timm", "pretrained")  # --model.weights values meaning timm's own weights of the backbone

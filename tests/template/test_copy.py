@@ -17,7 +17,6 @@ import re
 import shutil
 import subprocess
 import sys
-import sysconfig
 import time
 import tomllib
 from pathlib import Path
@@ -272,6 +271,10 @@ def check_project(project: Path, answers: dict, package: str, slug: str) -> None
     assert named <= set(groups), f"the test group names a removed group: {named - set(groups)}"
     assert set(pyproject["tool"][package]["extras"]) == kept
     assert pyproject["tool"]["importlinter"]["root_package"] == package
+    uv = Path(sys.executable).parent / "uv"  # the lock is the project's groups' (offline: no resolution needed)
+    checked = subprocess.run([uv, "lock", "--check", "--offline"], cwd=project, capture_output=True, text=True,
+                             timeout=120)  # fmt: skip
+    assert checked.returncode == 0, checked.stderr
 
     makefile = (project / "Makefile").read_text()
     assert f"CONFIG ?= {GENERATE.DATA_CONFIGS[answers['data']]}\n" in makefile
@@ -403,8 +406,9 @@ def test_the_generator_runs_on_python_3_10(template: Path, tmp_path: Path) -> No
     (site / "yaml").symlink_to(Path(yaml.__file__).parent)
     command = [python310, str(template / ".copier/generate.py"), "--template", str(template), "--package", "leaf",
                "--slug", "leaf", "--extras", "tools", "--data", "text_files", "--name", "Leaf"]  # fmt: skip
-    done = subprocess.run(command, cwd=untouched, env={**os.environ, "PYTHONPATH": str(site)}, capture_output=True,
-                          text=True, timeout=300)  # fmt: skip
+    uv = str(Path(sys.executable).parent / "uv")  # the one Copier's run of the generator found beside its Python
+    done = subprocess.run(command, cwd=untouched, env={**os.environ, "PYTHONPATH": str(site), "UV": uv},
+                          capture_output=True, text=True, timeout=300)  # fmt: skip
     assert done.returncode == 0, done.stderr
     for path in project_files(reference):
         relative = path.relative_to(reference)
@@ -415,30 +419,13 @@ def test_the_generator_runs_on_python_3_10(template: Path, tmp_path: Path) -> No
 
 
 def project_venv(project: Path) -> Path:
-    """A venv for the project that sees this environment's packages (torch...) but not its .pth files: not the
-    editable install of lightning_template. Returns its python."""
+    """The project's own venv, with this environment's uv in it (the release the Makefile would put there): `make`
+    installs the project's groups from its uv.lock, offline, out of uv's cache of this environment's install (the
+    same wheels, linked rather than copied). Returns its python."""
     venv = project / ".venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=300)
-    python = venv / "bin" / "python"
-    purelib = subprocess.run(
-        [str(python), "-I", "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-        capture_output=True, text=True, check=True, timeout=60,
-    ).stdout.strip()  # fmt: skip
-    here = sysconfig.get_paths()["purelib"]
-    # Appended as a path, not a site directory: its .pth files (the editable finder) are not run.
-    Path(purelib, "_template_environment.pth").write_text(f"import sys; sys.path.append({here!r})\n")
-    # The tools the Makefile calls as .venv/bin/NAME: pip finds their packages installed and writes no script.
-    for name in ("ruff", "lint-imports", "mkdocs", "pre-commit", "end-of-file-fixer", "check-added-large-files"):
-        tool, script = Path(sys.executable).parent / name, venv / "bin" / name
-        if tool.read_bytes()[:2] != b"#!":  # a native binary (ruff)
-            script.symlink_to(tool)
-        else:  # a Python entry point, run by the project's interpreter
-            script.write_text(f'#!/bin/sh\nexec "{python}" "{tool}" "$@"\n')
-            script.chmod(0o755)
-    pip = venv / "bin" / "pip"  # installs the project's groups from what is here, as the Makefile asks
-    pip.write_text(f'#!/bin/sh\nexec "{python}" -m pip "$@" --no-index --no-build-isolation\n')
-    pip.chmod(0o755)
-    return python
+    (venv / "bin" / "uv").symlink_to(Path(sys.executable).parent / "uv")
+    return venv / "bin" / "python"
 
 
 def run(args: list, cwd: Path, env: dict | None = None) -> subprocess.CompletedProcess:
@@ -458,20 +445,20 @@ def run(args: list, cwd: Path, env: dict | None = None) -> subprocess.CompletedP
 @pytest.mark.parametrize("case", ["core", pytest.param("full", marks=pytest.mark.matrix)])
 def test_a_generated_project_installs_lints_and_passes_its_tests(case: str, template: Path, tmp_path: Path) -> None:
     """The project's own `make` targets, as its README says to run them: `make test`, `make lint`, `make docs`,
-    `make hooks` and a commit through its hooks without the venv activated, `make train` (short). Its venv sees
-    this environment's packages (torch is not installed again)."""
+    `make hooks` and a commit through its hooks without the venv activated, `make train` (short). Its venv gets
+    what its own uv.lock holds (`--locked`: a lock that does not match its groups fails here)."""
     answers, package, slug = CASES[case]
     project = make_project(template, tmp_path / "project", answers)
     python = project_venv(project)
     git("init", "-q", "-b", "main", cwd=project)
     git("add", "-A", cwd=project)
     plain_path = os.environ["PATH"]  # not the venv's bin: nothing activated
-    env = {"PRE_COMMIT_HOME": str(tmp_path / "pre-commit"), "PATH": plain_path, **GIT_IDENTITY}
+    env = {"PRE_COMMIT_HOME": str(tmp_path / "pre-commit"), "PATH": plain_path, "UV_OFFLINE": "1", **GIT_IDENTITY}
 
     start = time.monotonic()
     done = run(["make", "test"], project, env)
     test_seconds = time.monotonic() - start
-    assert f"Successfully installed {slug}" in done.stdout, done.stdout[-2000:]  # the project, editable
+    assert f" + {slug}==0.1.0 (from file://" in done.stderr, done.stderr[-2000:]  # the project, editable, locked
     summary = [line for line in done.stdout.splitlines() if " passed" in line][-1]
     assert " failed" not in summary and " error" not in summary, summary
     print(f"\n{case}: make test took {test_seconds:.0f} s ({summary.strip('= ')})")

@@ -4,6 +4,8 @@ without losing what the owner made of it, and conflicts said with the way to fin
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -134,6 +136,23 @@ def test_removing_an_extra_the_owner_left_alone_removes_it(template: Path, tmp_p
     for path in ("serve.py", "export.py", "leaf/serving", "tests/serving", "docs/serving.md", "Dockerfile"):
         assert not (project / path).exists(), path
     assert "make serve" not in (project / "Makefile").read_text()
+
+
+@pytest.mark.slow
+def test_an_update_that_swaps_extras_leaves_a_lock_of_the_projects_new_groups(template: Path, tmp_path: Path) -> None:
+    """uv.lock follows the extras: serving's packages leave it, timm's come in, and `make`'s `uv sync --locked` would
+    accept it (uv's own check, offline)."""
+    project = committed_project(template, tmp_path / "project", {"project_name": "Leaf", "extras": ["serving"]})
+    assert 'name = "litserve"' in (project / "uv.lock").read_text()
+    status, output = update(project, "-d", "extras=[timm]")
+    assert status == 0, output[-3000:]
+    locked = (project / "uv.lock").read_text()
+    assert 'name = "timm"' in locked and 'name = "litserve"' not in locked
+    uv = Path(sys.executable).parent / "uv"
+    checked = subprocess.run([uv, "lock", "--check", "--offline"], cwd=project, capture_output=True, text=True,
+                             timeout=120)  # fmt: skip
+    assert checked.returncode == 0, checked.stderr
+    assert " uv.lock" in git("status", "--porcelain", cwd=project) and "uv.lock still holds" not in output
 
 
 @pytest.mark.slow

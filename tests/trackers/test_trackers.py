@@ -83,7 +83,7 @@ def test_a_tracker_that_is_not_installed_is_named_with_the_fix(tmp_path: Path) -
     result = subprocess.run([sys.executable, "-c", code, *args], cwd=tmp_path, capture_output=True, text=True,
                             env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})  # fmt: skip
     assert result.returncode != 0
-    assert "needs the `wandb` package: pip install -e '.[wandb]'" in result.stderr
+    assert "needs the `wandb` package: uv sync --inexact --extra wandb" in result.stderr
     assert not (tmp_path / "logs").exists()  # before anything ran
 
 

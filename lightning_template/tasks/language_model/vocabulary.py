@@ -68,7 +68,7 @@ def _tokenizers() -> Any:
         import tokenizers
     except ImportError:
         raise MissingPackageError(
-            "--data.tokenizer bpe needs HF `tokenizers`: pip install -e '.[lm]' (or --data.tokenizer chars)."
+            "--data.tokenizer bpe needs HF `tokenizers`: uv sync --inexact --extra lm (or --data.tokenizer chars)."
         ) from None
     return tokenizers
 
