@@ -23,7 +23,6 @@ from torch.utils.data import (
     DistributedSampler,
     IterableDataset,
     RandomSampler,
-    Sampler,
     SequentialSampler,
     get_worker_info,
 )
@@ -261,72 +260,3 @@ def resumable_loader(loader: Any, trainer: Trainer) -> tuple[Any, str | None]:
         pin_memory_device=loader.pin_memory_device, in_order=loader.in_order,
     )  # fmt: skip
     return rebuilt, None
-
-
-class EvalShardSampler(DistributedSampler):
-    """Rank r evaluates samples r, r + world, r + 2 world, ...: every sample exactly once.
-
-    Lightning's default pads the shards with repeated samples so all ranks get the
-    same count, which skews validation and test metrics slightly; torchmetrics
-    syncs counts across ranks, so unequal shards are exact.
-    """
-
-    def __init__(self, dataset: Sized, num_replicas: int, rank: int) -> None:
-        super().__init__(dataset, num_replicas=num_replicas, rank=rank, shuffle=False)  # type: ignore[arg-type]
-        self.num_samples = len(range(rank, len(dataset), num_replicas))
-
-    def __iter__(self) -> Iterator[int]:
-        return iter(range(self.rank, len(self.dataset), self.num_replicas))  # type: ignore[arg-type]
-
-
-def make_loader(
-    dataset: Dataset,
-    trainer: Trainer | None,
-    shuffle: bool,
-    batch_size: int,
-    collate_fn: Callable[[Any], Any] | None = None,
-    num_workers: int = 0,
-    pin_memory: bool = False,
-    sampler: Sampler | None = None,
-    sample_seeds: bool = False,
-) -> DataLoader:
-    """A DataLoader with our samplers (or `sampler`): `EpochSampler` to train, `EvalShardSampler` under DDP.
-
-    `sample_seeds`: the training sampler hands each sample its own seed (see `seeded_sample`),
-    for datasets that augment in workers. The loader's worker seeds come from its own seeded
-    generator, never from the global one that `lightning_template.engine.ExactResume` reserves for the step.
-    """
-    world_size, rank = world(trainer)
-    if sampler is None and shuffle:
-        sampler = EpochSampler(dataset, batch_size, trainer, global_seed(), sample_seeds)  # type: ignore[arg-type]
-    elif sampler is None and world_size > 1:
-        sampler = EvalShardSampler(dataset, world_size, rank)  # type: ignore[arg-type]
-    return DataLoader(
-        dataset,
-        batch_size=batch_size,
-        sampler=sampler,
-        generator=torch.Generator().manual_seed(derive_seed(global_seed(), rank)),
-        collate_fn=collate_fn,
-        num_workers=num_workers,
-        pin_memory=pin_memory,
-        persistent_workers=num_workers > 0,
-    )
-
-
-class SplitLoaders:
-    """The four `*_dataloader` hooks of a LightningDataModule, from one `loader(split, shuffle)`."""
-
-    def loader(self, split: str, shuffle: bool) -> DataLoader:
-        raise NotImplementedError
-
-    def train_dataloader(self) -> DataLoader:
-        return self.loader("train", shuffle=True)
-
-    def val_dataloader(self) -> DataLoader:
-        return self.loader("val", shuffle=False)
-
-    def test_dataloader(self) -> DataLoader:
-        return self.loader("test", shuffle=False)
-
-    def predict_dataloader(self) -> DataLoader:
-        return self.loader("predict", shuffle=False)

@@ -1,8 +1,5 @@
 """One seam between the project and the experiment trackers (TensorBoard, CSV, MLflow, W&B).
 
-- `log_image` / `log_table`: images and tables reach every configured logger, each in its own
-  way (TensorBoard images and text, MLflow artifacts, W&B media and tables, PNG/CSV files next
-  to a CSVLogger's metrics.csv).
 - `run_dir`: the run's own folder (where its checkpoints/ and config.yaml go), for any logger.
 - `CheckpointFacts` (checkpoint_facts.py): each checkpoint remembers which tracker run wrote it, so `--ckpt_path`
   continues that run (same TensorBoard version folder, MLflow run id, W&B run id).
@@ -23,7 +20,6 @@ from lightning import LightningModule, Trainer
 from lightning.pytorch.cli import SaveConfigCallback
 from lightning.pytorch.loggers import CSVLogger, Logger, MLFlowLogger, TensorBoardLogger, WandbLogger
 from lightning.pytorch.utilities import rank_zero_info
-from torchvision.utils import save_image
 
 from lightning_template.engine.errors import MissingPackageError
 
@@ -41,48 +37,6 @@ CHECKPOINT_KEY = "tracker_runs"
 def logger_type(logger_config: Any) -> str:
     """`TensorBoardLogger` for a parsed `--trainer.logger` ({class_path, init_args}); "" for none."""
     return str(getattr(logger_config, "class_path", "")).rpartition(".")[2]
-
-
-def _hwc_uint8(image: torch.Tensor) -> Any:
-    return (image.clamp(0, 1) * 255).round().to(torch.uint8).permute(1, 2, 0).cpu().numpy()
-
-
-def log_image(trainer: Trainer, key: str, image: torch.Tensor, step: int) -> None:
-    """A [C, H, W] image in 0..1 to every logger of the run (rank 0 only)."""
-    if not trainer.is_global_zero:
-        return
-    for logger in trainer.loggers:
-        if isinstance(logger, TensorBoardLogger):
-            logger.experiment.add_image(key, image, step)
-        elif isinstance(logger, MLFlowLogger):
-            logger.experiment.log_image(logger.run_id, _hwc_uint8(image), artifact_file=f"{key}/step_{step:07d}.png")
-        elif isinstance(logger, WandbLogger):
-            logger.log_image(key=key, images=[_hwc_uint8(image)], step=step)
-        elif logger.log_dir:
-            path = Path(logger.log_dir) / "images" / key / f"step_{step:07d}.png"
-            path.parent.mkdir(parents=True, exist_ok=True)
-            save_image(image, path)
-
-
-def log_table(trainer: Trainer, key: str, columns: list[str], rows: list[list[Any]], step: int) -> None:
-    """A table to every logger of the run (rank 0 only)."""
-    if not trainer.is_global_zero:
-        return
-    markdown = "\n".join(
-        ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
-        + ["| " + " | ".join(map(str, row)) + " |" for row in rows]
-    )
-    for logger in trainer.loggers:
-        if isinstance(logger, TensorBoardLogger):
-            logger.experiment.add_text(key, markdown, step)
-        elif isinstance(logger, MLFlowLogger):
-            logger.experiment.log_text(logger.run_id, markdown, f"{key}/step_{step:07d}.md")
-        elif isinstance(logger, WandbLogger):
-            logger.log_text(key=key, columns=columns, data=[list(map(str, row)) for row in rows], step=step)
-        elif logger.log_dir:
-            path = Path(logger.log_dir) / "tables" / key / f"step_{step:07d}.csv"
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text("\n".join(",".join(map(str, line)) for line in [columns, *rows]) + "\n")
 
 
 def run_dir(trainer: Trainer) -> Path:

@@ -33,10 +33,11 @@ from PIL import Image
 from torch.utils.data import DataLoader, Dataset, default_collate
 
 from lightning_template.engine.errors import DataError, MissingPackageError
-from lightning_template.engine.sampling import SplitLoaders, derive_seed, global_seed, make_loader, world
+from lightning_template.engine.sampling import derive_seed, global_seed, world
 from lightning_template.tasks.classification.data.in_memory import DeviceImageTransforms
 from lightning_template.tasks.classification.data.text import PadCollate
 from lightning_template.tasks.classification.input_spec import SPEC_KEY, center_crop, resized_size
+from lightning_template.tasks.loaders import SplitLoaders, make_loader
 
 # LitData shards its IterableDataset across workers and ranks itself, so its length is right.
 warnings.filterwarnings("ignore", message="Your `IterableDataset` has `__len__` defined", category=UserWarning)

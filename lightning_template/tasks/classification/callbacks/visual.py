@@ -7,22 +7,64 @@
 - `WeightHistograms` (optional, costs time): weight histograms per epoch and gradient
   histograms every n steps, to find the layer that explodes or dies.
 
-Images and tables go to every configured logger (lightning_template/engine/tracking.py); the histograms are
-TensorBoard's own. Nothing is logged without a logger (e.g. under fast_dev_run).
+Images and tables go to every configured logger, each in its own way (`log_image`, `log_table`: TensorBoard images
+and text, MLflow artifacts, W&B media and tables, PNG/CSV files next to a CSVLogger's metrics.csv); the histograms
+are TensorBoard's own. Nothing is logged without a logger (e.g. under fast_dev_run).
 """
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import torch
 from lightning import Callback, LightningModule, Trainer
-from lightning.pytorch.loggers import TensorBoardLogger
+from lightning.pytorch.loggers import MLFlowLogger, TensorBoardLogger, WandbLogger
 from lightning.pytorch.utilities import rank_zero_warn
 from torchmetrics.classification import MulticlassConfusionMatrix
-from torchvision.utils import make_grid
+from torchvision.utils import make_grid, save_image
 
-from lightning_template.engine.tracking import log_image, log_table
+
+def _hwc_uint8(image: torch.Tensor) -> Any:
+    return (image.clamp(0, 1) * 255).round().to(torch.uint8).permute(1, 2, 0).cpu().numpy()
+
+
+def log_image(trainer: Trainer, key: str, image: torch.Tensor, step: int) -> None:
+    """A [C, H, W] image in 0..1 to every logger of the run (rank 0 only)."""
+    if not trainer.is_global_zero:
+        return
+    for logger in trainer.loggers:
+        if isinstance(logger, TensorBoardLogger):
+            logger.experiment.add_image(key, image, step)
+        elif isinstance(logger, MLFlowLogger):
+            logger.experiment.log_image(logger.run_id, _hwc_uint8(image), artifact_file=f"{key}/step_{step:07d}.png")
+        elif isinstance(logger, WandbLogger):
+            logger.log_image(key=key, images=[_hwc_uint8(image)], step=step)
+        elif logger.log_dir:
+            path = Path(logger.log_dir) / "images" / key / f"step_{step:07d}.png"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            save_image(image, path)
+
+
+def log_table(trainer: Trainer, key: str, columns: list[str], rows: list[list[Any]], step: int) -> None:
+    """A table to every logger of the run (rank 0 only)."""
+    if not trainer.is_global_zero:
+        return
+    markdown = "\n".join(
+        ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+        + ["| " + " | ".join(map(str, row)) + " |" for row in rows]
+    )
+    for logger in trainer.loggers:
+        if isinstance(logger, TensorBoardLogger):
+            logger.experiment.add_text(key, markdown, step)
+        elif isinstance(logger, MLFlowLogger):
+            logger.experiment.log_text(logger.run_id, markdown, f"{key}/step_{step:07d}.md")
+        elif isinstance(logger, WandbLogger):
+            logger.log_text(key=key, columns=columns, data=[list(map(str, row)) for row in rows], step=step)
+        elif logger.log_dir:
+            path = Path(logger.log_dir) / "tables" / key / f"step_{step:07d}.csv"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text("\n".join(",".join(map(str, line)) for line in [columns, *rows]) + "\n")
 
 
 def tensorboard(trainer: Trainer) -> Any | None:

@@ -29,7 +29,8 @@ from torch.utils.data import DataLoader, Dataset
 
 from lightning_template.tasks.classification.data.folds import check_fold, fold_split
 from lightning_template.tasks.classification.input_spec import TOKEN_PATTERN, split_words
-from lightning_template.engine.sampling import EpochSampler, SplitLoaders, global_seed, make_loader
+from lightning_template.engine.sampling import EpochSampler, global_seed
+from lightning_template.tasks.loaders import SplitLoaders, make_loader
 from lightning_template.engine.errors import ConfigError, MissingFileError, DataError
 
 class WordTokenizer:
