@@ -428,16 +428,38 @@ def project_venv(project: Path) -> Path:
     return venv / "bin" / "python"
 
 
-def run(args: list, cwd: Path, env: dict | None = None) -> subprocess.CompletedProcess:
-    """A command of the project, in a clean environment (no PYTHONPATH to the template, no outer make)."""
+def run(args: list, cwd: Path, env: dict | None = None, succeeds: bool = True) -> subprocess.CompletedProcess:
+    """A command of the project, in a clean environment (no PYTHONPATH to the template, no outer make); it must
+    succeed, or, with `succeeds=False`, fail."""
     outer = {"PYTHONPATH", "VIRTUAL_ENV", "MAKEFLAGS", "MAKELEVEL", "MFLAGS"}  # e.g. the suite run by `make test-all`
     base = {k: v for k, v in os.environ.items() if k not in outer}
     done = subprocess.run(
         [str(a) for a in args], cwd=cwd, env={**base, **(env or {})}, capture_output=True, text=True,
         timeout=SUBPROCESS_TIMEOUT,
     )  # fmt: skip
-    assert done.returncode == 0, f"{args} exited {done.returncode}\n{done.stdout[-4000:]}\n{done.stderr[-4000:]}"
+    assert (done.returncode == 0) is succeeds, (
+        f"{args} exited {done.returncode}\n{done.stdout[-4000:]}\n{done.stderr[-4000:]}"
+    )
     return done
+
+
+@pytest.mark.slow
+def test_a_lock_that_no_longer_matches_pyproject_stops_make_before_installing(template: Path, tmp_path: Path) -> None:
+    """A dependency added to pyproject.toml without `make lock`: `make train` stops at the check of the lock, saying
+    how to update it, with nothing installed; `make lock` (offline here: a package the lock already holds, so uv's
+    cache has its metadata) makes it match again."""
+    project = make_project(template, tmp_path / "project", {"project_name": "Leaf", "extras": []})
+    python = project_venv(project)
+    pyproject = project / "pyproject.toml"
+    pyproject.write_text(
+        pyproject.read_text().replace('    "rich>=13",\n', '    "rich>=13",\n    "hypothesis>=6.100",\n')
+    )
+    env = {"UV_OFFLINE": "1"}
+    done = run(["make", "train"], project, env, succeeds=False)
+    assert "needs to be updated, but `--locked` was provided" in done.stderr, done.stderr
+    assert not list((project / ".venv").glob("lib/python*/site-packages/torch")), "installed from a stale lock"
+    run(["make", "lock"], project, env)
+    run([python.parent / "uv", "lock", "--check", "--offline"], project, env)
 
 
 @pytest.mark.slow
