@@ -34,12 +34,19 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+def twin_of(module: ClassificationModule, module_class: type | None = None) -> ClassificationModule:
+    """A fresh module of `module`'s hyper-parameters that runs as it does: `compile` and `channels_last` are not
+    hyper-parameters (a checkpoint does not fix them), so they are copied apart."""
+    hparams = {k: v for k, v in module.hparams.items() if not k.startswith("_")}
+    return (module_class or type(module))(**hparams, compile=module.compile_net, channels_last=module.channels_last)
+
+
 class BareLoop:
     """The loop a careful user writes by hand, for a twin of the project's model: a fresh network of the same
     architecture, the project's optimizer groups and learning-rate schedule; no metrics, no logging."""
 
     def __init__(self, module: ClassificationModule, datamodule: InMemoryImageDataModule, schedule: dict) -> None:
-        twin = type(module)(**{k: v for k, v in module.hparams.items() if not k.startswith("_")})
+        twin = twin_of(module)
         twin.configure_model()  # the same memory format (channels_last) and compilation as the project's run
         self.device = module.device
         self.model = twin.to(self.device).train()  # its forward only lays the batch out as the network expects
@@ -178,7 +185,7 @@ def lightning_floor(device: torch.device, steps: int, pairs: int) -> list[float]
             images, labels = batch
             return self.loss_fn(self(images), labels)
 
-    module = LightningOnly(**{k: v for k, v in config.model.hparams.items() if not k.startswith("_")})
+    module = twin_of(config.model, LightningOnly)
     timer = PairedEpochs()
     trainer = Trainer(
         accelerator="gpu" if device.type == "cuda" else "cpu", devices=1, max_epochs=pairs + 1,

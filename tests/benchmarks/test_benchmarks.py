@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from benchmarks.stats import median_ci_ranks, summarize
 
@@ -93,3 +94,20 @@ def test_profiling_a_step_prints_nothing_of_the_profiler_itself() -> None:
                           timeout=300)  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert 0 < float(done.stdout) <= 1 and done.stderr == "", done.stderr
+
+
+def test_the_bare_loop_runs_the_network_as_the_job_does(fashion_mnist_dir: Path) -> None:
+    """The main job runs NHWC (`channels_last: true`), which is not a hyper-parameter: the bare loop's twin, and the
+    Lightning-alone module, must run it the same way, or the overhead is measured against another network."""
+    from lightning_template.engine.cli import ProjectCLI
+
+    from benchmarks.overhead import JOB, ROOT, TINY, BareLoop, twin_of
+
+    config = ProjectCLI(args=["--config", str(ROOT / JOB), *TINY, "--trainer.accelerator=cpu"], run=False)
+    assert config.model.channels_last  # what the job asks, so that the check below means something
+    config.datamodule.setup("fit")
+    bare = BareLoop(config.model, config.datamodule, {"total_steps": 10, "warmup_steps": 1, "schedule": "cosine"})
+    for twin in (bare.model, twin_of(config.model)):
+        assert twin.channels_last and not twin.compile_net
+    conv = next(m for m in bare.model.modules() if isinstance(m, torch.nn.Conv2d))
+    assert conv.weight.is_contiguous(memory_format=torch.channels_last)
