@@ -29,9 +29,11 @@ from tests.helpers import free_port, max_difference
 # 3 classes, about 300 validation images (an odd count: padding to equal shards would repeat one).
 STREAMING = "lightning_template.streaming.StreamingImageDataModule"
 SUBSET = {"classes": [0, 1, 7], "train_samples_per_class": 64, "val_size": 1001}
+# No loader workers: a worker forked by a DDP rank now and then hung inside the fork (its rank waiting for a batch,
+# the other rank in a collective) until the test's timeout.
 TRAIN = [
     "--config", str(ROOT / "configs/simple_cnn.yaml"), "--data", STREAMING,
-    "--data.batch_size=16", "--data.num_workers=1", "--model.dropout=0.25",
+    "--data.batch_size=16", "--data.num_workers=0", "--model.dropout=0.25",
     "--trainer.max_epochs=2", "--trainer.limit_train_batches=5", "--trainer.enable_progress_bar=false",
     "--trainer.deterministic=true", "--trainer.strategy=ddp", "--trainer.accelerator=cpu", "--test_after_fit=false",
 ]  # fmt: skip
