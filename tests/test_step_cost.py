@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import logging
 import statistics
 import time
 
 import pytest
 import torch
+from lightning.pytorch.profilers import PassThroughProfiler
 
+from lightning_template.engine.cli import ProjectCLI
 from lightning_template.engine.resume import seed_all
 from lightning_template.tasks.classification import FashionMNISTDataModule, SimpleCNN
+
+from tests.conftest import QUICK, ROOT
 
 
 def test_seeding_per_batch_sets_torch_manual_seed_states_in_microseconds() -> None:
@@ -58,3 +63,27 @@ def test_train_loss_is_logged_when_written_and_train_acc_is_the_epoch_accuracy(
     trainer.fit(model, datamodule=FashionMNISTDataModule(batch_size=16))
     assert calls.count("train_loss") == 3 and calls.count("train_acc") == 1  # steps 3 and 6 (logged), 7 (last)
     assert float(trainer.callback_metrics["train_acc"]) == pytest.approx(sum(correct) / sum(seen), abs=1e-6)
+
+
+def _seconds_per_call(profiler: PassThroughProfiler, calls: int = 5000) -> float:
+    start = time.perf_counter()
+    for _ in range(calls):
+        with profiler.profile("[Callback]ModelCheckpoint.on_train_batch_end"):
+            pass
+    return (time.perf_counter() - start) / calls
+
+
+def test_hook_calls_pay_no_profiler_unless_one_is_chosen(tmp_path, monkeypatch, fashion_mnist_dir, caplog) -> None:
+    """Lightning wraps each of the ~100 hook calls of a training step in its profiler's context, also when it profiles
+    nothing: the run's default costs a fraction of Lightning's default per call, and `--trainer.profiler simple`
+    still reports."""
+    monkeypatch.chdir(tmp_path)
+    args = ["fit", "--config", str(ROOT / "configs/simple_cnn.yaml"), *QUICK, "--trainer.max_epochs=1",
+            "--trainer.limit_train_batches=2", "--trainer.limit_val_batches=1", "--test_after_fit=false"]  # fmt: skip
+    default = ProjectCLI(args=args).trainer.profiler
+    lightnings = PassThroughProfiler()
+    ours, theirs = zip(*[(_seconds_per_call(default), _seconds_per_call(lightnings)) for _ in range(5)], strict=True)
+    assert statistics.median(ours) < 0.5 * statistics.median(theirs)  # about a sixth on a CPU
+    with caplog.at_level(logging.INFO):  # where Lightning writes its report
+        ProjectCLI(args=[*args, "--trainer.profiler=simple"])
+    assert "FIT Profiler Report" in caplog.text

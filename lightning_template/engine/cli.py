@@ -35,6 +35,7 @@ from lightning.pytorch.callbacks import (
 )
 from lightning.pytorch.cli import LightningArgumentParser
 from lightning.pytorch.loggers import TensorBoardLogger
+from lightning.pytorch.profilers import PassThroughProfiler
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
@@ -45,6 +46,7 @@ from lightning_template.engine.errors import ConfigError, MissingFileError, Proj
 from lightning_template.engine.finite_loss import FiniteLossGuard
 from lightning_template.engine.lightning_internals import (
     CLIHooks,
+    HooksUnprofiled,
     add_datamodule_hook,
     datamodules_named_by_class,
     subcommand_parser,
@@ -483,6 +485,10 @@ class ProjectCLI(CLIHooks):
         trainer = super().instantiate_trainer(**kwargs)
         # `--checkpoint.monitor null`, `--early_stopping.monitor null`: no best-epoch checkpoint, no early stopping.
         trainer.callbacks = [callback for callback in trainer.callbacks if not monitoring_off(callback)]
+        if self.config.get("subcommand") in ("fit", "validate", "test"):  # Lightning calls it in every hook
+            trainer.callbacks = [c for c in trainer.callbacks if not isinstance(c, CSVPredictionWriter)]
+        if type(trainer.profiler) is PassThroughProfiler:
+            trainer.profiler = HooksUnprofiled()
         return trainer
 
     def _restore_datamodule(self, datamodule: LightningDataModule) -> None:

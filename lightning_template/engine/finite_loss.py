@@ -71,10 +71,10 @@ class FiniteLossGuard(Callback):
         losses, self.losses = self.losses, []
         batch_indices, self.batch_indices = self.batch_indices, []
         grads = [p.grad for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
-        checks = [torch.stack(losses).isfinite().all()] if losses else []
-        if grads:
-            checks.append(torch.stack(torch._foreach_norm(grads)).isfinite().all())
-        finite = not checks or bool(torch.stack(checks).all().item())
+        # Every loss and gradient norm (non-finite if any element is) in one tensor (stack promotes their dtypes),
+        # read once.
+        values = [*losses, *torch._foreach_norm(grads)] if grads else losses
+        finite = not values or bool(torch.stack(values).isfinite().all().item())
         if trainer.world_size > 1:  # every rank stops together, also when only one rank's loss is non-finite
             finite = trainer.strategy.reduce_boolean_decision(finite, all=True)
         if finite:

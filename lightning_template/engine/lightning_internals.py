@@ -8,12 +8,14 @@ one a new Lightning release moved, so an upgrade is a matter of editing this fil
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Callable, Iterator
 from typing import Any
 
 from lightning import LightningDataModule, Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, _InstantiatorFn
+from lightning.pytorch.profilers import PassThroughProfiler
 from lightning.pytorch.utilities.model_summary.model_summary import _format_summary_table
 
 # (owner, dotted attribute): what the functions below read or call.
@@ -204,3 +206,26 @@ def datamodules_named_by_class() -> Iterator[None]:
         yield
     finally:
         LightningDataModule.__str__ = describe  # type: ignore[method-assign]
+
+
+# Lightning calls every hook of every callback through `profiler.profile(f"[Callback]{callback.state_key}...")`,
+# whatever the profiler, about a hundred calls in each training step of a run with the engine's and a task's
+# callbacks. What follows makes those calls cost what the hooks themselves cost.
+
+
+class StateKeyOnce:
+    """A callback whose `state_key` (a repr of its arguments, which ModelCheckpoint and EarlyStopping format on each
+    read) is formatted once: it depends only on the arguments the callback was made with."""
+
+    @functools.cached_property
+    def state_key(self) -> str:
+        return super().state_key  # type: ignore[misc]
+
+
+class HooksUnprofiled(PassThroughProfiler):
+    """Lightning's default profiler (it records nothing), without the context manager it still makes for every
+    hook call (a generator each time, which costs more than most hooks). Set by the CLI only where the run chose no
+    profiler: `--trainer.profiler simple` keeps Lightning's."""
+
+    def profile(self, action_name: str) -> contextlib.AbstractContextManager:
+        return contextlib.nullcontext()

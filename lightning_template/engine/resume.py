@@ -38,6 +38,7 @@ from lightning.pytorch.utilities.warnings import PossibleUserWarning
 
 from lightning_template.engine.errors import ConfigError
 from lightning_template.engine.lightning_internals import (
+    StateKeyOnce,
     closes_accumulation_window,
     cluster_environment,
     end_restarted_epoch,
@@ -119,7 +120,7 @@ def step_plateau_schedulers(trainer: Trainer, epoch: int) -> None:
         trainer.fit_loop.epoch_loop.scheduler_progress.increment_completed()
 
 
-class ResumeCheckpoint(ModelCheckpoint):
+class ResumeCheckpoint(StateKeyOnce, ModelCheckpoint):
     """`last.ckpt`, rewritten at every epoch end (or validation) and on a graceful stop, never half a step.
 
     Installed in every run by train.py; `--ckpt_path last` resumes from it."""
@@ -165,6 +166,7 @@ class ResumeCheckpoint(ModelCheckpoint):
 class ExactResume(Callback):
     def __init__(self) -> None:
         self._trainer: Trainer | None = None
+        self._seed = 0  # the run's --seed_everything
         self._saved: dict[str, Any] | None = None
         self._previous_handlers: dict[int, Any] = {}
         self._stop_requested = False
@@ -180,6 +182,7 @@ class ExactResume(Callback):
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         self._trainer = trainer
         if stage == "fit":
+            self._seed = global_seed()  # read once: it is fixed before the run starts, and read every batch
             wrap_train_loader(trainer, self._resumable)
 
     def _resumable(self, loader: Any) -> Any:
@@ -298,9 +301,8 @@ class ExactResume(Callback):
             )
 
     # -- one random stream per (seed, epoch, batch, rank) ---------------------------------------
-    @staticmethod
-    def _seed_batch(trainer: Trainer, batch: int) -> None:
-        seed_all(derive_seed(global_seed(), trainer.current_epoch, batch, trainer.global_rank))
+    def _seed_batch(self, trainer: Trainer, batch: int) -> None:
+        seed_all(derive_seed(self._seed, trainer.current_epoch, batch, trainer.global_rank))
 
     def on_train_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         if self._leave_restart:
