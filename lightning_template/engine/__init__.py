@@ -13,7 +13,7 @@ from typing import Any
 
 _WHERE = {
     "CSVPredictionWriter": "predictions",
-    "CheckpointFacts": "checkpoint_facts",
+    "CheckpointFacts": "checkpoint",
     "ExactResume": "resume",
     "FiniteLossGuard": "finite_loss",
     "NonFiniteLossError": "finite_loss",

@@ -15,7 +15,6 @@ from __future__ import annotations
 import difflib
 import importlib
 import inspect
-import json
 import os
 import re
 import signal
@@ -36,11 +35,18 @@ from lightning.pytorch.callbacks import (
 from lightning.pytorch.cli import LightningArgumentParser
 from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.profilers import PassThroughProfiler
-from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
+from lightning.pytorch.utilities import rank_zero_info
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
-from lightning_template.engine.checkpoint import RunCheckpoint
-from lightning_template.engine.checkpoint_facts import CheckpointFacts
+from lightning_template.engine.checkpoint import (
+    CheckpointFacts,
+    RunCheckpoint,
+    checkpoint_alone,
+    leaves,
+    model_config,
+    resolve_checkpoint,
+    setting,
+)
 from lightning_template.engine.console import ParameterSummary, progress_bar, quiet_library_noise
 from lightning_template.engine.errors import ConfigError, MissingFileError, ProjectError
 from lightning_template.engine.finite_loss import FiniteLossGuard
@@ -58,11 +64,8 @@ from lightning_template.engine.process_group import ProcessGroupTeardown
 from lightning_template.engine.resume import ExactResume, ResumeCheckpoint
 from lightning_template.engine.tracking import (
     EXPERIMENT_ARG,
-    RUN_ARG,
     SaveConfigToRun,
-    can_continue,
     check_tracker_installed,
-    experiment_dir,
     logger_type,
     name_new_run,
     run_location,
@@ -75,8 +78,6 @@ TASKS = "lightning_template.tasks"  # its subpackages' classes can be named with
 # Facts about the data, stated once by the datamodule and passed to the model's argument of the same name (when
 # both have it): `num_classes` is never typed twice. Add your datamodule's facts here.
 DATA_FACTS = ("num_classes", "input_shape", "vocab_size", "pad_id", "max_length")
-# Data settings that change how the data loads, not what it is: a run may continue with others.
-HOW_DATA_LOADS = ("num_workers", "pin_memory", "persistent_workers", "prefetch_factor")
 
 
 def installed_callbacks() -> list[Any]:
@@ -281,115 +282,9 @@ class ProjectCLI(CLIHooks):
         if model_args is not None and "schedule" in model_args:
             trainer = config.trainer
             check_run_length(model_args.schedule, trainer.get("max_epochs"), trainer.get("max_steps"))
-        self.run_checkpoint = self._resolve_checkpoint(config, subcommand)
-
-    def _resolve_checkpoint(self, config: Any, subcommand: str | None) -> RunCheckpoint | None:
-        """The run's checkpoint, read once: `--ckpt_path <file>`, `last` (the newest last.ckpt of this experiment) or
-        `best` (the best-epoch checkpoint of its newest run that has one). Resuming `fit` from a checkpoint of one of
-        this experiment's runs (`last`, or its path) continues that run: the same version folder, or tracker run."""
-        path = config.get("ckpt_path")
-        if not path or path == "hpc":
-            return None
-        if path == "last":
-            found = self._last_checkpoint(config, subcommand)
-        elif path == "best":
-            found = self._best_checkpoint(config)
-        else:
-            found = RunCheckpoint.read(path)
-        if found is None:
-            config.ckpt_path = None
-            return None
-        config.ckpt_path = str(found.path)
-        if subcommand == "fit":  # the other commands load it: Lightning says so
-            self._continue_its_run(config, found)
-            rank_zero_info(f"Resuming from {config.ckpt_path}")
-        return found
-
-    def _continue_its_run(self, config: Any, found: RunCheckpoint) -> None:
-        """A checkpoint of one of this experiment's runs (<folder>/<run>/checkpoints/<file>) continues that run, with
-        the data it was trained with, where it is the run's latest state. One that the run went on from (an earlier
-        best epoch) starts a new run: continuing that one would write its later checkpoints again beside the first
-        ones and log its later steps twice."""
-        logger = config.trainer.get("logger")
-        logger_class = logger_type(logger)
-        if logger_class not in RUN_ARG or not can_continue(logger_class, found.tracker_runs):
-            return
-        folder = _experiment_folder(config)
-        if folder is None or folder.resolve() not in found.path.resolve().parents[2:3]:
-            return
-        run, last = found.path.parents[1], found.path.parent / "last.ckpt"
-        went_on = RunCheckpoint.read(last).global_step if last.is_file() and last != found.path else found.global_step
-        if went_on > found.global_step:
-            rank_zero_info(
-                f"--ckpt_path {found.path} is step {found.global_step} of {run}, which went on to step {went_on}:"
-                f" continuing from it in a new run ({run} stays as it is)."
-            )
-            return
-        self._check_same_data(config, found, run)
-        logger.init_args[RUN_ARG[logger_class]] = found.tracker_runs.get(logger_class) or run.name
-        # Its checkpoints are in that folder: Lightning's warning about a folder not empty is meant for a new run.
-        warnings.filterwarnings("ignore", r"Checkpoint directory .* exists and is not empty", UserWarning)
-
-    def _check_same_data(self, config: Any, found: RunCheckpoint, run: Path) -> None:
-        """Continuing a run with other data would rewrite its config.yaml, the record of how it was trained."""
-        saved = run / "config.yaml"
-        if not saved.is_file():
-            return
-        before = _flat((yaml.safe_load(saved.read_text()) or {}).get("data"))
-        now = _flat(yaml.safe_load(subcommand_parser(self, "fit").dump(config, skip_none=False)).get("data"))
-        changed = [
-            f"--data.{key} {now.get(key)!r} (the run: {before.get(key)!r})"
-            for key in sorted(before.keys() | now.keys())
-            if before.get(key) != now.get(key) and key.rpartition(".")[2] not in HOW_DATA_LOADS
-        ]
-        if changed:
-            experiment = EXPERIMENT_ARG.get(logger_type(config.trainer.get("logger")), "name")
-            raise ConfigError(
-                f"--ckpt_path {found.path} continues the run {run}, which was trained with other data: "
-                f"{', '.join(changed)}. Continue it with its own data (its config.yaml), or from this checkpoint in a"
-                f" new run of another name: --trainer.logger.init_args.{experiment} <name>."
-            )
-
-    @staticmethod
-    def _runs_newest_first(config: Any) -> tuple[Path | None, list[RunCheckpoint]]:
-        """This experiment's folder and the last.ckpt of each of its runs that this logger can continue, newest
-        first."""
-        folder = _experiment_folder(config)
-        if folder is None:
-            return None, []
-        logger_class = logger_type(config.trainer.get("logger"))
-        paths = sorted(folder.glob("*/checkpoints/last.ckpt"), key=lambda p: p.stat().st_mtime, reverse=True)
-        return folder, [r for r in map(RunCheckpoint.read, paths) if can_continue(logger_class, r.tracker_runs)]
-
-    def _last_checkpoint(self, config: Any, subcommand: str | None) -> RunCheckpoint | None:
-        """`--ckpt_path last`: the newest last.ckpt of this experiment, across its runs, that this logger can continue.
-
-        Lightning alone only looks in the new run's own (empty) folder and would silently start from scratch.
-        """
-        folder, runs = self._runs_newest_first(config)
-        if runs:
-            return runs[0]
-        if folder is None:
-            return None
-        if subcommand != "fit":
-            raise MissingFileError(f"--ckpt_path last: no {folder}/*/checkpoints/last.ckpt found.")
-        rank_zero_warn(f"--ckpt_path last: nothing to resume in {folder}; starting from scratch.")
-        return None
-
-    def _best_checkpoint(self, config: Any) -> RunCheckpoint:
-        """`--ckpt_path best`: the best-epoch checkpoint of this experiment's newest run that has one (Lightning's
-        `best` means the best of a `fit` in the same process)."""
-        folder, runs = self._runs_newest_first(config)
-        if folder is None:
-            raise MissingFileError("--ckpt_path best: this run has no logger, so no run folder to look in; give the"
-                                   " checkpoint's path.")  # fmt: skip
-        best = next((path for path in (run.best_checkpoint() for run in runs) if path is not None), None)
-        if best is None:
-            raise MissingFileError(
-                f"--ckpt_path best: no best-epoch checkpoint recorded in {folder}/*/checkpoints/last.ckpt (a run"
-                " writes one where --checkpoint.monitor names a metric); give a checkpoint's path, or `last`."
-            )
-        return RunCheckpoint.read(best)
+        self.run_checkpoint = resolve_checkpoint(
+            config, subcommand, lambda c: subcommand_parser(self, "fit").dump(c, skip_none=False)
+        )
 
     def apply_checkpoint(self) -> None:
         """The model is built with the checkpoint's class and hyper-parameters, over the config: refuse a checkpoint
@@ -413,7 +308,7 @@ class ProjectCLI(CLIHooks):
                 f" {before.class_path}. Use the config of the run that wrote it, or start a new run from its weights"
                 f" with --model.weights {record.path}."
             )
-        old, new = _leaves(before.get("init_args")), _leaves(after.get("init_args"))
+        old, new = leaves(before.get("init_args")), leaves(after.get("init_args"))
         changed = [
             f"--model.{key} {old[key]!r} (checkpoint: {new.get(key)!r})" for key in explicit if old[key] != new.get(key)
         ]
@@ -440,8 +335,8 @@ class ProjectCLI(CLIHooks):
             base = parser.parse_args([*(f"--config={c}" for c in job), f"--{section}={config[section].class_path}"])
         finally:
             parser.default_env = default_env
-        now, job_values = _leaves(config[section].get("init_args")), _leaves(base[section].get("init_args"))
-        flagged = [_setting(a[2:].partition("=")[0]) for a in self._given if a.startswith(f"--{section}.")]
+        now, job_values = leaves(config[section].get("init_args")), leaves(base[section].get("init_args"))
+        flagged = [setting(a[2:].partition("=")[0]) for a in self._given if a.startswith(f"--{section}.")]
         return {
             key: value
             for key, value in now.items()
@@ -586,15 +481,6 @@ class ProjectCLI(CLIHooks):
         print("\n".join(lines), flush=True)
 
 
-def _experiment_folder(config: Any) -> Path | None:
-    """Where the runs of this config's experiment are (`<folder>/<run>/checkpoints/`); None without a logger."""
-    logger = config.trainer.get("logger")
-    init_args = getattr(logger, "init_args", None)
-    if init_args is None:
-        return None
-    return experiment_dir(logger_type(logger), init_args, config.trainer.default_root_dir)
-
-
 def _keep_the_last_of_each_single_callback(configured: list[Any]) -> None:
     """Stacked configs (a preset on a job) may each bring a callback of a class that allows one per run (it says
     so with `single_per_run = True`, e.g. TwoStageFinetuning): the later replaces the earlier, as a later config's
@@ -616,97 +502,6 @@ def _keep_the_last_of_each_single_callback(configured: list[Any]) -> None:
                 f"{path.rpartition('.')[2]} {dict(callbacks[-1].get('init_args') or {})} replaces the earlier"
                 f" {dict(replaced.get('init_args') or {})} (the later config wins)."
             )
-
-
-class CheckpointAlone:
-    """`validate|test|predict --ckpt_path <file>` without a config: the model and its datamodule as the checkpoint
-    holds them (its model class and hyper-parameters; its datamodule's hyper-parameters, or else its run's
-    config.yaml), with the command's flags on top."""
-
-    PATH_LIKE = ("root", "_dir", "_file", "_path")  # data settings that name a file or folder
-
-    def __init__(self, argv: list[str], record: RunCheckpoint) -> None:
-        self.record = record
-        data = self._data()
-        if not record.model_class:
-            raise ConfigError(
-                f"--ckpt_path {record.path}: the checkpoint does not name its model's class (it was not written by"
-                " this CLI): give --model <class> and --data <class>, or the --config of its job."
-            )
-        if data is None:
-            raise ConfigError(
-                f"--ckpt_path {record.path}: the checkpoint does not say which data it was trained on (its datamodule"
-                " saves no hyper-parameters, and its run folder has no config.yaml): give --data <class> and its"
-                " options, or the --config of its job."
-            )
-        self.data = data
-        self.args = [argv[0], f"--model={record.model_class}", f"--data={json.dumps(data, default=str)}", *argv[1:]]
-
-    def _data(self) -> dict[str, Any] | None:
-        saved = self.record.entries.get("datamodule_hyper_parameters")
-        if isinstance(saved, dict) and saved.get("_class_path"):
-            return {"class_path": saved["_class_path"], "init_args": {k: v for k, v in saved.items() if k[0] != "_"}}
-        config = self.record.path.parent.parent / "config.yaml"  # <run>/checkpoints/<file>: the run's config
-        if self.record.path.parent.name != "checkpoints" or not config.is_file():
-            return None
-        data = (yaml.safe_load(config.read_text()) or {}).get("data")
-        return data if isinstance(data, dict) and data.get("class_path") else None
-
-    def check_data_found(self, config: Any) -> None:
-        """A file or folder the data was read from that is not there any more, unless a flag gives another one."""
-        now = _leaves(config.data.get("init_args"))
-        for key, value in (self.data.get("init_args") or {}).items():
-            given = key.endswith(self.PATH_LIKE) and isinstance(value, str) and now.get(key) == value
-            if given and not Path(value).exists():
-                raise MissingFileError(
-                    f"--ckpt_path {self.record.path} was trained on data from --data.{key} {value}, which is not"
-                    f" there: give --data.{key} <where that data is now>."
-                )
-
-
-def checkpoint_alone(argv: list[str]) -> CheckpointAlone | None:
-    """For `validate|test|predict --ckpt_path <file>` that names no config, model or data class: what rebuilds them."""
-    if not argv or argv[0] not in ("validate", "test", "predict"):
-        return None
-    classes = ("--config", "--model", "--data")
-    if any(a in classes or a.startswith(tuple(f"{c}=" for c in classes)) for a in argv[1:]):
-        return None
-    if any(k.startswith(f"PL_{argv[0].upper()}__{c[2:].upper()}") for k in os.environ for c in classes):
-        return None
-    paths = [argv[i + 1] for i, a in enumerate(argv[:-1]) if a == "--ckpt_path"]
-    paths += [a.partition("=")[2] for a in argv if a.startswith("--ckpt_path=")]
-    if not paths or paths[-1] == "hpc":
-        return None
-    if paths[-1] in ("last", "best"):
-        raise ConfigError(
-            f"--ckpt_path {paths[-1]} is found among the runs of a job: give its --config, or the checkpoint's path."
-        )
-    return CheckpointAlone(argv, RunCheckpoint.read(paths[-1]))
-
-
-def model_config(record: RunCheckpoint) -> dict[str, Any]:
-    """The model's config as the checkpoint's hyper-parameters give it ({class_path, init_args}), as LightningCLI
-    reads them from a checkpoint."""
-    hparams = {k: v for k, v in record.hyper_parameters.items() if k not in ("_instantiator", "_class_path")}
-    if record.model_class:
-        return {"class_path": record.model_class, "dict_kwargs": hparams}
-    return hparams
-
-
-def _setting(key: str) -> str:
-    """A model setting's key without jsonargparse's `init_args`: `optimizer.init_args.lr` -> `optimizer.lr`."""
-    return ".".join(part for part in key.split(".") if part != "init_args")
-
-
-def _flat(section: Any, prefix: str = "") -> dict[str, Any]:
-    """A config section read from YAML as {`key.sub`: value}, without jsonargparse's `init_args`."""
-    if not isinstance(section, dict):
-        return {_setting(prefix): section} if prefix else {}
-    return {k: v for key, value in section.items() for k, v in _flat(value, f"{prefix}.{key}".lstrip(".")).items()}
-
-
-def _leaves(namespace: Any) -> dict[str, Any]:
-    return {_setting(key): value for key, value in (namespace.items() if namespace is not None else [])}
 
 
 def project_error(error: BaseException) -> ProjectError | None:

@@ -1,7 +1,7 @@
 """One seam between the project and the experiment trackers (TensorBoard, CSV, MLflow, W&B).
 
 - `run_dir`: the run's own folder (where its checkpoints/ and config.yaml go), for any logger.
-- `CheckpointFacts` (checkpoint_facts.py): each checkpoint remembers which tracker run wrote it, so `--ckpt_path`
+- `CheckpointFacts` (checkpoint.py): each checkpoint remembers which tracker run wrote it, so `--ckpt_path`
   continues that run (same TensorBoard version folder, MLflow run id, W&B run id).
 - `SaveConfigToRun`: config.yaml into the run's folder, and into the tracker as an artifact.
 """
