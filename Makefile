@@ -92,7 +92,7 @@ seeds: data $(VENV)/.installed-tune
 # What to run after every change (under a minute on 2 CPU cores): each job for a few steps, your own model
 # and data, resume at a glance, the quick checks.
 test: $(VENV)/.installed-test
-	$(BIN)/python -m pytest -m "not slow and not matrix"
+	$(BIN)/python -m pytest -n auto -m "not slow and not matrix"
 
 # Every test but the setups matrix (about 15 minutes on 2 CPU cores): processes, DDP, signals, generated
 # projects, every preset.

@@ -9,17 +9,15 @@ import subprocess
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import numpy as np
 import pytest
-import torch
-from lightning import Trainer
-from PIL import Image
 
-from lightning_template.tasks.classification import ResNetClassifier
-from lightning_template.tasks.classification.data.fortunes import FORTUNES_DIR
-from lightning_template.tasks.classification.data.fortunes import build as build_fortunes
-from lightning_template.tasks.classification.data.idx import read_idx
+if TYPE_CHECKING:
+    from lightning import Trainer
+
+# torch, Lightning and the tasks are imported where they are used, not here: under `pytest -n auto` the process that
+# hands tests out to the worker processes imports this file too, and would import them before any worker starts.
 
 ROOT = Path(__file__).resolve().parents[1]
 SYSTEM_FASHION_MNIST = Path("/usr/share/datasets/fashion-mnist")
@@ -32,6 +30,15 @@ QUICK = [
 
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+if workers := int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", 0)):  # `make test`: pytest -n auto
+    # The cores shared among the test processes (and the runs they start): torch's threads in each process
+    # would otherwise take every core, and the processes slow each other down many times over.
+    import torch
+
+    threads = max(1, (os.cpu_count() or 1) // workers)
+    torch.set_num_threads(threads)
+    os.environ["OMP_NUM_THREADS"] = str(threads)
 
 
 @pytest.fixture(autouse=True)
@@ -60,6 +67,9 @@ def fashion_mnist_dir() -> Path:
 @pytest.fixture(scope="session")
 def fortunes_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Real sentences by topic (Debian's `fortunes`), as train/val/test JSONL files."""
+    from lightning_template.tasks.classification.data.fortunes import FORTUNES_DIR
+    from lightning_template.tasks.classification.data.fortunes import build as build_fortunes
+
     if not (FORTUNES_DIR / "computers").is_file():
         pytest.fail("The text tests need Debian's fortunes: `apt-get install fortunes`.")
     out = tmp_path_factory.mktemp("fortunes")
@@ -71,6 +81,10 @@ def fortunes_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def image_tree(tmp_path_factory: pytest.TempPathFactory, fashion_mnist_dir: Path) -> Path:
     """train/, val/ and test/ class folders of real Fashion-MNIST images as PNG files (48 + 24 + 12 per class,
     3 classes)."""
+    from PIL import Image
+
+    from lightning_template.tasks.classification.data.idx import read_idx
+
     root = tmp_path_factory.mktemp("images")
     images = read_idx(fashion_mnist_dir / "t10k-images-idx3-ubyte.gz")[:2000]
     labels = read_idx(fashion_mnist_dir / "t10k-labels-idx1-ubyte.gz")[:2000]
@@ -86,6 +100,7 @@ def image_tree(tmp_path_factory: pytest.TempPathFactory, fashion_mnist_dir: Path
 @pytest.fixture
 def quick_trainer() -> Callable[..., Trainer]:
     """A Trainer for a few real batches: no logger, no progress bar, deterministic; override anything."""
+    from lightning import Trainer
 
     def make(**overrides) -> Trainer:
         settings = dict(
@@ -103,6 +118,8 @@ def quick_trainer() -> Callable[..., Trainer]:
 
 def save_random_weights(model_class: type, path: Path, **kwargs) -> Path:
     """A weights file, the network's state dict as `torch.save(net.state_dict())` writes it, for fine-tuning tests."""
+    import torch
+
     with torch.random.fork_rng():
         torch.manual_seed(123)
         torch.save(model_class(**kwargs).net.state_dict(), path)
@@ -150,6 +167,11 @@ def sigterm_at(epoch: int, batch: int, rank: int | None = None) -> list[str]:
 @pytest.fixture(scope="session")
 def offline_inputs(tmp_path_factory: pytest.TempPathFactory, fashion_mnist_dir: Path) -> dict[str, Path]:
     """Stand-ins for what a job downloads (ImageNet weights, MNIST, CIFAR-10), made from real Fashion-MNIST."""
+    import numpy as np
+
+    from lightning_template.tasks.classification import ResNetClassifier
+    from lightning_template.tasks.classification.data.idx import read_idx
+
     root = tmp_path_factory.mktemp("offline")
     mnist = root / "data" / "MNIST" / "raw"  # MNIST's IDX layout, with Fashion-MNIST's files in it
     mnist.mkdir(parents=True)
@@ -197,6 +219,8 @@ def offline_flags(config: str, inputs: dict[str, Path], request: pytest.FixtureR
 
 def last_checkpoint(workdir: Path) -> dict:
     """The last.ckpt of the one run in `workdir`'s logs."""
+    import torch
+
     (path,) = workdir.glob("logs/*/version_*/checkpoints/last.ckpt")
     return torch.load(path, weights_only=True)
 

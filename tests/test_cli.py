@@ -23,10 +23,16 @@ from tests.helpers import event_tags, same_state, scalar_steps
 
 CONFIGS = sorted((ROOT / "configs").glob("*.yaml"))
 JOBS = [c for c in CONFIGS if c.name != "defaults.yaml"]
+# Jobs whose first steps take over a second (large networks, pretrained-weight stand-ins): in the full tier.
+HEAVY_JOBS = ("language_model.yaml", "resnet_finetune.yaml", "resnet_fmnist_pretrain.yaml", "timm_finetune.yaml")
 SHARED = ("logger", "ModelCheckpoint", "EarlyStopping", "LearningRateMonitor", "save_dir", "seed_everything")
 
 
-@pytest.mark.parametrize("config", JOBS, ids=lambda p: p.name)
+@pytest.mark.parametrize(
+    "config",
+    [pytest.param(c, marks=[pytest.mark.slow] if c.name in HEAVY_JOBS else []) for c in JOBS],
+    ids=lambda p: p.name,
+)
 def test_every_job_config_is_a_short_delta_that_trains_a_few_steps(
     config: Path, tmp_path: Path, monkeypatch, offline_inputs: dict[str, Path], request: pytest.FixtureRequest
 ) -> None:

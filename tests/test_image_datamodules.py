@@ -67,8 +67,9 @@ def test_corrupt_file_is_skipped_and_named(image_root: Path, caplog) -> None:
     assert "broken.jpg: cannot be decoded as an image" in caplog.text
 
 
+@pytest.mark.slow  # torch takes 5 s to shut a loader's workers down after one of them raised
 def test_corrupt_file_stops_the_run_when_asked_also_from_a_worker(image_root: Path) -> None:
-    dm = ImageFolderDataModule(root=str(image_root), image_size=32, batch_size=64, num_workers=2, on_corrupt="error")
+    dm = ImageFolderDataModule(root=str(image_root), image_size=8, batch_size=64, num_workers=2, on_corrupt="error")
     dm.setup("fit")
     with pytest.raises(CorruptImageError, match=r"broken\.jpg: cannot be decoded"):
         next(iter(dm.train_dataloader()))
