@@ -24,7 +24,16 @@ from tests.helpers import event_tags, same_state, scalar_steps
 CONFIGS = sorted((ROOT / "configs").glob("*.yaml"))
 JOBS = [c for c in CONFIGS if c.name != "defaults.yaml"]
 # Jobs whose first steps take over a second (large networks, pretrained-weight stand-ins): in the full tier.
-HEAVY_JOBS = ("language_model.yaml", "resnet_finetune.yaml", "resnet_fmnist_pretrain.yaml", "timm_finetune.yaml")
+HEAVY_JOBS = [
+    "resnet_finetune.yaml",
+    "resnet_fmnist_pretrain.yaml",
+    # extra:language_model
+    "language_model.yaml",
+    # /extra:language_model
+    # extra:timm
+    "timm_finetune.yaml",
+    # /extra:timm
+]
 SHARED = ("logger", "ModelCheckpoint", "EarlyStopping", "LearningRateMonitor", "save_dir", "seed_everything")
 
 
