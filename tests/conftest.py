@@ -36,7 +36,8 @@ if workers := int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", 0)):  # `make test
     # would otherwise take every core, and the processes slow each other down many times over.
     import torch
 
-    threads = max(1, (os.cpu_count() or 1) // workers)
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    threads = max(1, cores // workers)  # the cores this process may use (a container's or taskset's), as -n auto counts
     torch.set_num_threads(threads)
     os.environ["OMP_NUM_THREADS"] = str(threads)
 

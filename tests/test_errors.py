@@ -187,6 +187,25 @@ def test_a_nan_inside_an_accumulated_step_names_its_own_micro_batch(quick_traine
         trainer.fit(SimpleCNN(), datamodule=FashionMNISTDataModule())
 
 
+@pytest.mark.parametrize("nan", [False, True], ids=["finite", "nan"])
+def test_a_loss_of_one_element_in_any_shape_is_guarded(quick_trainer, nan: bool) -> None:
+    """backward() and Lightning take a loss of shape [1] as a scalar: the guard trains on it, and stops at its NaN."""
+    from lightning.pytorch.demos.boring_classes import BoringModel
+
+    class OneElementLoss(BoringModel):
+        def training_step(self, batch, batch_idx):
+            loss = self.step(batch).reshape(1)
+            return loss * float("nan") if nan else loss
+
+    trainer = quick_trainer(callbacks=[FiniteLossGuard()])
+    if nan:
+        with pytest.raises(NonFiniteLossError, match=r"Loss became .*nan.* in epoch 0, batch_idx 0"):
+            trainer.fit(OneElementLoss())
+    else:
+        trainer.fit(OneElementLoss())
+        assert trainer.global_step == 4
+
+
 def test_a_16_bit_image_is_scaled_not_clipped_and_a_float_one_is_named(tmp_path: Path) -> None:
     """Pillow's own conversion clips 16-bit gray at 255: a 0..65535 gradient would come back almost white."""
     gradient = np.tile(np.linspace(0, 65535, 64).astype(np.uint16), (16, 1))

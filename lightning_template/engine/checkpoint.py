@@ -352,6 +352,7 @@ def model_config(record: RunCheckpoint) -> dict[str, Any]:
     hparams = {k: v for k, v in record.hyper_parameters.items() if k not in ("_instantiator", "_class_path")}
     if record.model_class:
         return {"class_path": record.model_class, "dict_kwargs": hparams}
+    return hparams
 
 
 def setting(key: str) -> str:

@@ -72,8 +72,8 @@ class FiniteLossGuard(Callback):
         batch_indices, self.batch_indices = self.batch_indices, []
         grads = [p.grad for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
         # Every loss and gradient norm (non-finite if any element is) in one tensor (stack promotes their dtypes),
-        # read once.
-        values = [*losses, *torch._foreach_norm(grads)] if grads else losses
+        # read once. A loss may have one element in any shape (`[1]` backpropagates as a scalar does).
+        values = [*(loss.reshape(()) for loss in losses), *(torch._foreach_norm(grads) if grads else ())]
         finite = not values or bool(torch.stack(values).isfinite().all().item())
         if trainer.world_size > 1:  # every rank stops together, also when only one rank's loss is non-finite
             finite = trainer.strategy.reduce_boolean_decision(finite, all=True)

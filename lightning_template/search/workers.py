@@ -65,7 +65,8 @@ def assignments(workers: int, accelerator: str) -> list[dict[str, str]]:
     """The environment of each worker: one GPU each (CUDA_VISIBLE_DEVICES), and a share of the CPU threads."""
     if workers < 1:
         raise ConfigError(f"--workers {workers}: give a number of worker processes of at least 1.")
-    threads = str(max(1, len(os.sched_getaffinity(0)) // workers))
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1  # not on macOS
+    threads = str(max(1, cores // workers))
     if accelerator == "cpu" or not torch.cuda.is_available():
         return [{"OMP_NUM_THREADS": threads} for _ in range(workers)]
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
