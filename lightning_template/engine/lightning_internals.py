@@ -90,11 +90,32 @@ def end_restarted_epoch(trainer: Trainer) -> bool:
     return True
 
 
+def counted_restored_epoch_done(trainer: Trainer) -> bool:
+    """Restarted from a checkpoint written after an epoch's last batch, before that epoch's end: Lightning counts the
+    epoch as done when it restores it (`current_epoch` is already the next one) and runs neither its validation nor
+    its epoch-end hooks."""
+    loop = trainer.fit_loop
+    return (
+        loop.restarted_mid_epoch
+        and loop.epoch_loop.restarted_on_train_batch_end
+        and loop.epoch_loop.batch_progress.is_last_batch
+    )
+
+
 def skips_due_validation(trainer: Trainer) -> bool:
     """A run restarted in an epoch from a checkpoint written after a batch and before the validation due after it
     (`every_n_train_steps`): Lightning goes on past that validation without running it."""
     loop = trainer.fit_loop.epoch_loop
-    return not loop.val_loop.restarted_mid_evaluation and loop._should_check_val_fx(trainer.fit_loop._data_fetcher)
+    if loop.val_loop.restarted_mid_evaluation:
+        return False
+    # Lightning decides by `current_epoch` (`check_val_every_n_epoch`): ask about the checkpoint's epoch.
+    epochs = trainer.fit_loop.epoch_progress.current
+    counted = int(counted_restored_epoch_done(trainer))
+    epochs.completed -= counted
+    try:
+        return loop._should_check_val_fx(trainer.fit_loop._data_fetcher)
+    finally:
+        epochs.completed += counted
 
 
 def leave_restart(trainer: Trainer) -> None:

@@ -41,6 +41,7 @@ from lightning_template.engine.lightning_internals import (
     StateKeyOnce,
     closes_accumulation_window,
     cluster_environment,
+    counted_restored_epoch_done,
     end_restarted_epoch,
     leave_restart,
     load_train_loader_states,
@@ -244,16 +245,17 @@ class ExactResume(Callback):
         warnings.filterwarnings("ignore", "You're resuming from a checkpoint that ended before", PossibleUserWarning)
         done = trainer.fit_loop.epoch_loop.batch_progress.current.processed
         self._seed_batch(trainer, done)
+        epoch = trainer.current_epoch - counted_restored_epoch_done(trainer)  # the checkpoint's
         if self._inexact:
             rank_zero_warn(
-                f"ExactResume: resuming epoch {trainer.current_epoch} after {done} batches, but {self._inexact}: it"
+                f"ExactResume: resuming epoch {epoch} after {done} batches, but {self._inexact}: it"
                 " starts the epoch's data again, so the rest of this epoch is not the run that was stopped."
             )
             return
         self._check_same_batches(trainer)
         if skips_due_validation(trainer):
             rank_zero_warn(
-                f"ExactResume: resuming epoch {trainer.current_epoch} after {done} batches, from a checkpoint written"
+                f"ExactResume: resuming epoch {epoch} after {done} batches, from a checkpoint written"
                 " before the validation due after that batch (every_n_train_steps): Lightning goes on without running"
                 " it, so its metrics (and the best checkpoint, early stopping or plateau step they decide) are not"
                 " the run's that was stopped. last.ckpt and the best-epoch checkpoint are written after it."
@@ -262,14 +264,14 @@ class ExactResume(Callback):
         within = done % trainer.accumulate_grad_batches
         if within and not epoch_ran_out(trainer):
             rank_zero_warn(
-                f"ExactResume: resuming epoch {trainer.current_epoch} after {done} batches, inside an accumulated step"
+                f"ExactResume: resuming epoch {epoch} after {done} batches, inside an accumulated step"
                 f" of {trainer.accumulate_grad_batches}: the checkpoint holds no gradient of its first {within}"
                 " micro-batches, so the step is taken without them and the run is not the one never stopped (such a"
                 " checkpoint comes from a validation every N batches, N not a multiple of accumulate_grad_batches;"
                 " last.ckpt is never written there)."
             )
             return
-        rank_zero_info(f"ExactResume: continuing epoch {trainer.current_epoch} after {done} batches.")
+        rank_zero_info(f"ExactResume: continuing epoch {epoch} after {done} batches.")
 
     def _restore_plateau_schedulers(self, trainer: Trainer) -> None:
         """The monitored metrics as the checkpoint's run had them, and the plateau step of the epoch it was written
