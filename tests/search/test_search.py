@@ -336,7 +336,7 @@ def test_a_run_config_is_parsed_once_and_each_run_is_a_checked_copy_with_its_val
     run = job.with_values({"model.dropout": 0.3, "data.num_folds": 3, "data.fold": 1}).named("cv", "fold_1")
     assert (run.namespace.model.init_args.dropout, run.namespace.data.init_args.fold) == (0.3, 1)
     assert run.namespace.trainer.logger.init_args.version == "fold_1" and run.namespace.trainer.limit_train_batches == 3
-    assert job.namespace.model.init_args.dropout == 0.1  # the parsed config itself is left as it was
+    assert job.namespace.model.init_args.dropout == 0.0  # the parsed config itself is left as it was
     assert run.settings()["model.dropout"] == 0.3 and run.settings()["trainer.max_epochs"] == 2
     written = yaml.safe_load(run.job_yaml())  # what differs from configs/defaults.yaml, as a job config
     assert written["trainer"]["max_epochs"] == 2 and written["model"]["init_args"]["dropout"] == 0.3
