@@ -443,6 +443,19 @@ def run(args: list, cwd: Path, env: dict | None = None, succeeds: bool = True) -
     return done
 
 
+@pytest.mark.parametrize(("given", "installs_with"), [(None, "1"), ("", "1"), ("0", "0"), ("1", "1")])
+def test_make_installs_compiled_unless_told_not_to(given: str | None, installs_with: str) -> None:
+    """The UV_COMPILE_BYTECODE that make's installs see: 1 unless set to something (set but empty, uv would refuse
+    every install)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("UV_COMPILE_BYTECODE", "MAKEFLAGS", "MAKELEVEL")}
+    if given is not None:
+        env["UV_COMPILE_BYTECODE"] = given
+    show = 'include Makefile\nshow:\n\t@echo "$$UV_COMPILE_BYTECODE"\n'
+    done = subprocess.run(["make", "-s", "-f", "-", "show"], input=show, cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=60, check=True)  # fmt: skip
+    assert done.stdout == f"{installs_with}\n"
+
+
 @pytest.mark.slow
 def test_a_lock_that_no_longer_matches_pyproject_stops_make_before_installing(template: Path, tmp_path: Path) -> None:
     """A dependency added to pyproject.toml without `make lock`: `make train` stops at the check of the lock, saying
