@@ -309,7 +309,8 @@ STEP_BEFORE_VALIDATION = Setup(  # a checkpoint every 2 steps, written before th
     trainer={"accumulate_grad_batches": 3, "max_epochs": 2, "val_check_interval": 3},
     step_checkpoints=2,
 )
-EPOCH_END_BEFORE_VALIDATION = Setup(  # a step checkpoint at the last batch of an epoch validated every other epoch
+EPOCH_END_STEP = Setup(  # step checkpoints at epochs' last batches, validation every other epoch
+    model={"dropout": 0.2},
     data={"loader": "map", "batch_size": 12, "train_size": 100},
     trainer={"max_epochs": 2, "check_val_every_n_epoch": 2},
     step_checkpoints=3,
@@ -345,9 +346,8 @@ FOUND = [  # each ended otherwise on an earlier version
     pytest.param(MAX_STEPS_NO_VALIDATION, Stop("kill", 0), "exact", id="max-steps-epoch-without-validation"),
     pytest.param(BATCH_SAMPLER, Stop("validation", 0), "exact", id="batch-sampler-sigterm-in-epoch-end-validation"),
     pytest.param(STEP_BEFORE_VALIDATION, Stop("kill", 2), "warned", id="step-checkpoint-before-its-validation"),
-    pytest.param(
-        EPOCH_END_BEFORE_VALIDATION, Stop("kill", 6), "warned", id="step-checkpoint-at-an-epochs-end-before-validation"
-    ),
+    pytest.param(EPOCH_END_STEP, Stop("kill", 6), "warned", id="step-checkpoint-at-an-epochs-end-before-validation"),
+    pytest.param(EPOCH_END_STEP, Stop("kill", 2), "exact", id="step-checkpoint-at-the-end-of-an-epoch-not-validated"),
     pytest.param(INSIDE_A_STEP, Stop("kill", 0), "warned", id="checkpoint-inside-an-accumulated-step"),
 ]
 

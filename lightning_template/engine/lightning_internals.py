@@ -102,6 +102,15 @@ def counted_restored_epoch_done(trainer: Trainer) -> bool:
     )
 
 
+def start_next_epoch(trainer: Trainer) -> None:
+    """After `counted_restored_epoch_done`: the next epoch runs as in the run never stopped. Lightning would run it as
+    the restarted one, ending at its first batch a validation that never started (a validation loader iterator made:
+    a draw from torch's generator); it calls no `on_train_epoch_start` for it either."""
+    loop = trainer.fit_loop.epoch_loop
+    loop._batches_that_stepped += 1  # as the restarting reset adds it: the checkpoint was written before the count
+    loop.restarting = False
+
+
 def skips_due_validation(trainer: Trainer) -> bool:
     """A run restarted in an epoch from a checkpoint written after a batch and before the validation due after it
     (`every_n_train_steps`): Lightning goes on past that validation without running it."""

@@ -49,6 +49,7 @@ from lightning_template.engine.lightning_internals import (
     requeue_slurm_job,
     save_now,
     skips_due_validation,
+    start_next_epoch,
     step_plateau_schedulers_at_this_epoch_end,
     stop_after_this_step,
     train_data_fetcher,
@@ -119,6 +120,15 @@ def step_plateau_schedulers(trainer: Trainer, epoch: int) -> None:
         trainer.fit_loop.epoch_loop.scheduler_progress.increment_ready()
         trainer.lightning_module.lr_scheduler_step(config.scheduler, value)
         trainer.fit_loop.epoch_loop.scheduler_progress.increment_completed()
+
+
+def warn_skipped_validation(epoch: int, done: int) -> None:
+    rank_zero_warn(
+        f"ExactResume: resuming epoch {epoch} after {done} batches, from a checkpoint written before the validation"
+        " due after that batch (every_n_train_steps): Lightning goes on without running it, so its metrics (and the"
+        " best checkpoint, early stopping or plateau step they decide) are not the run's that was stopped. last.ckpt"
+        " and the best-epoch checkpoint are written after it."
+    )
 
 
 class ResumeCheckpoint(StateKeyOnce, ModelCheckpoint):
@@ -238,6 +248,9 @@ class ExactResume(Callback):
             iter(train_data_fetcher(trainer))
         if not trainer.fit_loop.restarted_mid_epoch:
             return
+        if counted_restored_epoch_done(trainer):
+            self._start_after_last_batch(trainer)
+            return
         # Lightning warns that a loader without state_dict cannot resume mid-epoch: this one continues exactly,
         # or the line below says what happens instead.
         self._warnings = warnings.catch_warnings()
@@ -245,33 +258,41 @@ class ExactResume(Callback):
         warnings.filterwarnings("ignore", "You're resuming from a checkpoint that ended before", PossibleUserWarning)
         done = trainer.fit_loop.epoch_loop.batch_progress.current.processed
         self._seed_batch(trainer, done)
-        epoch = trainer.current_epoch - counted_restored_epoch_done(trainer)  # the checkpoint's
         if self._inexact:
             rank_zero_warn(
-                f"ExactResume: resuming epoch {epoch} after {done} batches, but {self._inexact}: it"
+                f"ExactResume: resuming epoch {trainer.current_epoch} after {done} batches, but {self._inexact}: it"
                 " starts the epoch's data again, so the rest of this epoch is not the run that was stopped."
             )
             return
         self._check_same_batches(trainer)
         if skips_due_validation(trainer):
-            rank_zero_warn(
-                f"ExactResume: resuming epoch {epoch} after {done} batches, from a checkpoint written"
-                " before the validation due after that batch (every_n_train_steps): Lightning goes on without running"
-                " it, so its metrics (and the best checkpoint, early stopping or plateau step they decide) are not"
-                " the run's that was stopped. last.ckpt and the best-epoch checkpoint are written after it."
-            )
+            warn_skipped_validation(trainer.current_epoch, done)
             return
         within = done % trainer.accumulate_grad_batches
         if within and not epoch_ran_out(trainer):
             rank_zero_warn(
-                f"ExactResume: resuming epoch {epoch} after {done} batches, inside an accumulated step"
+                f"ExactResume: resuming epoch {trainer.current_epoch} after {done} batches, inside an accumulated step"
                 f" of {trainer.accumulate_grad_batches}: the checkpoint holds no gradient of its first {within}"
                 " micro-batches, so the step is taken without them and the run is not the one never stopped (such a"
                 " checkpoint comes from a validation every N batches, N not a multiple of accumulate_grad_batches;"
                 " last.ckpt is never written there)."
             )
             return
-        rank_zero_info(f"ExactResume: continuing epoch {epoch} after {done} batches.")
+        rank_zero_info(f"ExactResume: continuing epoch {trainer.current_epoch} after {done} batches.")
+
+    def _start_after_last_batch(self, trainer: Trainer) -> None:
+        """Restarted from a checkpoint written after an epoch's last batch, before that epoch's end: Lightning counts
+        the epoch as done, and the next one starts here as in the run never stopped, seeded and in its order."""
+        epoch, done = trainer.current_epoch - 1, trainer.fit_loop.epoch_loop.batch_progress.current.processed
+        skipped = skips_due_validation(trainer)
+        start_next_epoch(trainer)
+        self._seed_batch(trainer, 0)
+        if train_data_fetcher(trainer) is not None:  # made before this seeding (a sampler may draw its order from it)
+            iter(train_data_fetcher(trainer))
+        if skipped:
+            warn_skipped_validation(epoch, done)
+        else:
+            rank_zero_info(f"ExactResume: continuing after the last batch of epoch {epoch}.")
 
     def _restore_plateau_schedulers(self, trainer: Trainer) -> None:
         """The monitored metrics as the checkpoint's run had them, and the plateau step of the epoch it was written
