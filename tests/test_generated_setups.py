@@ -315,6 +315,9 @@ EPOCH_END_STEP = Setup(  # step checkpoints at epochs' last batches, validation 
     trainer={"max_epochs": 2, "check_val_every_n_epoch": 2},
     step_checkpoints=3,
 )
+AT_MAX_STEPS = Setup(  # a step checkpoint at max_steps, before the validation due after that step
+    data={"loader": "map", "batch_size": 12, "train_size": 100}, trainer={"max_steps": 9}, step_checkpoints=3
+)
 INSIDE_A_STEP = Setup(  # the best-epoch checkpoint of a validation every 3 batches, accumulating 2
     data={"loader": "map", "batch_size": 12},
     trainer={"accumulate_grad_batches": 2, "val_check_interval": 3, "max_steps": 7},
@@ -348,6 +351,7 @@ FOUND = [  # each ended otherwise on an earlier version
     pytest.param(STEP_BEFORE_VALIDATION, Stop("kill", 2), "warned", id="step-checkpoint-before-its-validation"),
     pytest.param(EPOCH_END_STEP, Stop("kill", 6), "warned", id="step-checkpoint-at-an-epochs-end-before-validation"),
     pytest.param(EPOCH_END_STEP, Stop("kill", 2), "exact", id="step-checkpoint-at-the-end-of-an-epoch-not-validated"),
+    pytest.param(AT_MAX_STEPS, Stop("kill", 2), "warned", id="step-checkpoint-at-max-steps-before-validation"),
     pytest.param(INSIDE_A_STEP, Stop("kill", 0), "warned", id="checkpoint-inside-an-accumulated-step"),
 ]
 

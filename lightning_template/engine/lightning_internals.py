@@ -127,6 +127,17 @@ def skips_due_validation(trainer: Trainer) -> bool:
         epochs.completed += counted
 
 
+def skipped_run_skips_due_validation(trainer: Trainer) -> bool:
+    """`skips_due_validation` for a run resumed at its end (`max_steps` reached): Lightning skips its whole loop, so
+    no restart stage was read from the restored progress."""
+    val_loop = trainer.fit_loop.epoch_loop.val_loop
+    val_loop.update_restart_stage()
+    try:
+        return skips_due_validation(trainer)
+    finally:
+        val_loop.reset_restart_stage()
+
+
 def leave_restart(trainer: Trainer) -> None:
     """The epoch loop and its validation leave their restart state, as they do after the first batch of a restarted
     epoch (after `end_restarted_epoch`, no batch of the restarted epoch runs)."""

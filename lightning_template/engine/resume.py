@@ -48,6 +48,7 @@ from lightning_template.engine.lightning_internals import (
     mark_saved_at,
     requeue_slurm_job,
     save_now,
+    skipped_run_skips_due_validation,
     skips_due_validation,
     start_next_epoch,
     step_plateau_schedulers_at_this_epoch_end,
@@ -188,6 +189,7 @@ class ExactResume(Callback):
         self._plateau_at_epoch_end = False  # the restarted epoch's plateau step: Lightning's to take at its end
         self._leave_restart = False  # restarted at an epoch's end: the loops leave their restart state at the next
         self._iterate_anew = False  # resumed between epochs: the next epoch's loader iterator is made after seeding
+        self._trainer_loop_skipped = True  # until on_train_start: Lightning skips it when resumed at its end
 
     # -- the training loader: made to continue from the loop's position --------------------------
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
@@ -227,6 +229,7 @@ class ExactResume(Callback):
 
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._install_signal_handlers(trainer)
+        self._trainer_loop_skipped = False
         if self._inexact and not trainer.fit_loop.restarted_mid_epoch:
             rank_zero_warn(
                 f"ExactResume: {self._inexact}, which cannot continue from the middle of an epoch: a run stopped there"
@@ -419,6 +422,11 @@ class ExactResume(Callback):
 
     def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._restore()
+
+    def on_fit_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        # Resumed at its end (`max_steps`), the run trains nothing and `on_train_start` never came.
+        if self._saved is not None and self._trainer_loop_skipped and skipped_run_skips_due_validation(trainer):
+            warn_skipped_validation(trainer.current_epoch, trainer.fit_loop.epoch_loop.batch_progress.current.processed)
 
     def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
         self._restore()
