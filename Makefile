@@ -13,7 +13,7 @@ export UV_PROJECT_ENVIRONMENT := $(VENV)
 # Installed packages are compiled to bytecode once, as pip does: without it each process compiles torch and Lightning
 # anew wherever PYTHONDONTWRITEBYTECODE is set (many CI and container images), seconds per process. Set but empty
 # counts as unset (uv refuses an empty value); UV_COMPILE_BYTECODE=0 turns it off.
-export UV_COMPILE_BYTECODE := $(or $(UV_COMPILE_BYTECODE),1)
+export UV_COMPILE_BYTECODE := $(or $(strip $(UV_COMPILE_BYTECODE)),1)
 CONFIG ?= configs/simple_cnn.yaml
 ARGS ?=
 # glibc's default malloc thresholds make CPU timings swing by +-30%; these pin them.
