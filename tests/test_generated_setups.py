@@ -46,8 +46,11 @@ QUIET = [
 
 # What the resume says, in one line at its start, when it cannot be the run never stopped: its loader cannot be
 # skipped into (it starts the epoch's data again), its checkpoint was written inside an accumulated step, or before
-# the validation due after its batch.
-SAID_WHY = ("starts the epoch's data again", "inside an accumulated step", "before the validation due")
+# the validation due after its batch, or a loader the engine keeps has persistent workers (their random streams).
+SAID_WHY = (
+    "starts the epoch's data again", "inside an accumulated step", "before the validation due",
+    "keeps its worker processes from epoch to epoch",
+)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -318,6 +321,10 @@ EPOCH_END_STEP = Setup(  # step checkpoints at epochs' last batches, validation 
 AT_MAX_STEPS = Setup(  # a step checkpoint at max_steps, before the validation due after that step
     data={"loader": "map", "batch_size": 12, "train_size": 100}, trainer={"max_steps": 9}, step_checkpoints=3
 )
+PERSISTENT_WORKERS = Setup(  # a stream augmented in 2 persistent workers, resumed from an epoch's end
+    data={"loader": "iterable", "num_workers": 2, "augment": True, "train_size": 100, "batch_size": 12},
+    trainer={"accumulate_grad_batches": 2, "max_epochs": 2},
+)
 INSIDE_A_STEP = Setup(  # the best-epoch checkpoint of a validation every 3 batches, accumulating 2
     data={"loader": "map", "batch_size": 12},
     trainer={"accumulate_grad_batches": 2, "val_check_interval": 3, "max_steps": 7},
@@ -352,6 +359,7 @@ FOUND = [  # each ended otherwise on an earlier version
     pytest.param(EPOCH_END_STEP, Stop("kill", 6), "warned", id="step-checkpoint-at-an-epochs-end-before-validation"),
     pytest.param(EPOCH_END_STEP, Stop("kill", 2), "exact", id="step-checkpoint-at-the-end-of-an-epoch-not-validated"),
     pytest.param(AT_MAX_STEPS, Stop("kill", 2), "warned", id="step-checkpoint-at-max-steps-before-validation"),
+    pytest.param(PERSISTENT_WORKERS, Stop("validation", 0), "warned", id="persistent-workers-drawing-at-random"),
     pytest.param(INSIDE_A_STEP, Stop("kill", 0), "warned", id="checkpoint-inside-an-accumulated-step"),
 ]
 

@@ -237,6 +237,14 @@ class ExactResume(Callback):
                 " Checkpoints written at epoch ends resume exactly. A map-style Dataset in a plain DataLoader"
                 " (shuffle=True or False) is resumed exactly."
             )
+            if getattr(trainer.train_dataloader, "persistent_workers", False):
+                rank_zero_warn(
+                    "ExactResume: its loader keeps its worker processes from epoch to epoch (persistent_workers=True):"
+                    " random numbers they draw (a random transform in the dataset) run on across epochs, and a resumed"
+                    " run's new workers start other streams, so even from an epoch's end it resumes exactly only if"
+                    " its workers draw none. With persistent_workers=False each epoch's workers are seeded from the"
+                    " run's seed."
+                )
         if self._saved is None:
             return
         self._leave_restart = end_restarted_epoch(trainer)
