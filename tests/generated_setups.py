@@ -288,16 +288,22 @@ class GeneratedData(LightningDataModule):
 
 
 class TrainedBatches(Callback):
-    """A stateful callback: a fingerprint of every batch trained, in order, and the validation loss of every
-    validation with its step (so a resumed run that trains other samples or logs other metrics differs)."""
+    """A stateful callback: a fingerprint of every epoch started and batch trained, in order, and the validation loss
+    of every validation with its step (so a resumed run that trains other samples, skips a hook or logs other metrics
+    differs)."""
 
     def __init__(self) -> None:
         self.fingerprint = ""
         self.validations: list[tuple[int, float]] = []
 
+    def on_train_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._add(f"epoch {trainer.current_epoch}".encode())  # a user's hook at every epoch's start (an unfreezing)
+
     def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int) -> None:
-        data = self.fingerprint.encode() + batch[0].cpu().numpy().tobytes()
-        self.fingerprint = hashlib.blake2b(data, digest_size=8).hexdigest()
+        self._add(batch[0].cpu().numpy().tobytes())
+
+    def _add(self, data: bytes) -> None:
+        self.fingerprint = hashlib.blake2b(self.fingerprint.encode() + data, digest_size=8).hexdigest()
 
     def on_validation_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         if not trainer.sanity_checking and "val_loss" in trainer.callback_metrics:

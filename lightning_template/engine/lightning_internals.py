@@ -31,6 +31,7 @@ USED = (
     ("trainer", "fit_loop.epoch_loop.restarted_on_train_batch_end"),
     ("trainer", "fit_loop.epoch_loop.val_loop.update_restart_stage"),
     ("trainer", "fit_loop.epoch_loop.val_loop.reset_restart_stage"),
+    ("trainer", "fit_loop.reset_restart_stage"),
     ("trainer", "fit_loop._combined_loader_states_to_load"),
     ("trainer", "fit_loop._load_combined_loader_states"),
     ("trainer", "_accelerator_connector.cluster_environment"),
@@ -108,11 +109,12 @@ def counted_restored_epoch_done(trainer: Trainer) -> bool:
 
 def start_next_epoch(trainer: Trainer) -> None:
     """After `counted_restored_epoch_done`: the next epoch runs as in the run never stopped. Lightning would run it as
-    the restarted one, ending at its first batch a validation that never started (a validation loader iterator made:
-    a draw from torch's generator); it calls no `on_train_epoch_start` for it either."""
+    the restarted one: without its `on_train_epoch_start` hooks, and ending at its first batch a validation that
+    never started (a validation loader iterator made: a draw from torch's generator)."""
     loop = trainer.fit_loop.epoch_loop
     loop._batches_that_stepped += 1  # as the restarting reset adds it: the checkpoint was written before the count
     loop.restarting = False
+    trainer.fit_loop.reset_restart_stage()
 
 
 def skips_due_validation(trainer: Trainer) -> bool:

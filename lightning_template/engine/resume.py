@@ -297,13 +297,14 @@ class ExactResume(Callback):
         epoch, done = trainer.current_epoch - 1, trainer.fit_loop.epoch_loop.batch_progress.current.processed
         skipped = skips_due_validation(trainer)
         start_next_epoch(trainer)
-        self._seed_batch(trainer, 0)
-        if train_data_fetcher(trainer) is not None:  # made before this seeding (a sampler may draw its order from it)
-            iter(train_data_fetcher(trainer))
+        self._iterate_anew = True  # seeded, and its loader's iterator made, at its start (as between epochs)
         if skipped:
             warn_skipped_validation(epoch, done)
         else:
-            rank_zero_info(f"ExactResume: continuing after the last batch of epoch {epoch}.")
+            rank_zero_info(
+                f"ExactResume: continuing after the last batch of epoch {epoch}, with epoch {epoch + 1} (Lightning"
+                f" counts epoch {epoch} as done: its on_train_epoch_end hooks are not run again)."
+            )
 
     def _restore_plateau_schedulers(self, trainer: Trainer) -> None:
         """The monitored metrics as the checkpoint's run had them, and the plateau step of the epoch it was written
