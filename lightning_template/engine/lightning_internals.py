@@ -29,7 +29,8 @@ USED = (
     ("trainer", "fit_loop.epoch_loop._should_check_val_fx"),
     ("trainer", "fit_loop.epoch_loop._batches_that_stepped"),
     ("trainer", "fit_loop.epoch_loop.restarted_on_train_batch_end"),
-    ("trainer", "fit_loop.epoch_loop.val_loop.update_restart_stage"),
+    ("trainer", "fit_loop.epoch_loop.update_restart_stage"),
+    ("trainer", "fit_loop.epoch_loop.reset_restart_stage"),
     ("trainer", "fit_loop.epoch_loop.val_loop.reset_restart_stage"),
     ("trainer", "fit_loop.reset_restart_stage"),
     ("trainer", "fit_loop._combined_loader_states_to_load"),
@@ -109,19 +110,21 @@ def counted_restored_epoch_done(trainer: Trainer) -> bool:
 
 def start_next_epoch(trainer: Trainer) -> None:
     """After `counted_restored_epoch_done`: the next epoch runs as in the run never stopped. Lightning would run it as
-    the restarted one: without its `on_train_epoch_start` hooks, and ending at its first batch a validation that
-    never started (a validation loader iterator made: a draw from torch's generator)."""
+    the restarted one: without its `on_train_epoch_start` hooks, and at its first batch it would end a validation
+    that never started (making a validation loader iterator: a draw from torch's generator)."""
     loop = trainer.fit_loop.epoch_loop
-    loop._batches_that_stepped += 1  # as the restarting reset adds it: the checkpoint was written before the count
+    # What Lightning's restarting reset adds (the checkpoint was written before the count): an epoch's last batch
+    # always takes an optimizer step.
+    loop._batches_that_stepped += 1
     loop.restarting = False
     trainer.fit_loop.reset_restart_stage()
 
 
 def skips_due_validation(trainer: Trainer) -> bool:
-    """A run restarted in an epoch from a checkpoint written after a batch and before the validation due after it
-    (`every_n_train_steps`): Lightning goes on past that validation without running it."""
+    """A run restarted from a checkpoint written at a batch's end (`every_n_train_steps`), before the validation due
+    after that batch: Lightning goes on past that validation without running it."""
     loop = trainer.fit_loop.epoch_loop
-    if loop.val_loop.restarted_mid_evaluation:
+    if not loop.restarted_on_train_batch_end:  # written in or after that validation
         return False
     # Lightning decides by `current_epoch` (`check_val_every_n_epoch`): ask about the checkpoint's epoch.
     epochs = trainer.fit_loop.epoch_progress.current
@@ -136,12 +139,13 @@ def skips_due_validation(trainer: Trainer) -> bool:
 def skipped_run_skips_due_validation(trainer: Trainer) -> bool:
     """`skips_due_validation` for a run resumed at its end (`max_steps` reached): Lightning skips its whole loop, so
     no restart stage was read from the restored progress."""
-    val_loop = trainer.fit_loop.epoch_loop.val_loop
-    val_loop.update_restart_stage()
+    epoch_loop = trainer.fit_loop.epoch_loop
+    epoch_loop.update_restart_stage()  # and its validation loop's (the fit loop's, which would shift the epoch, not)
     try:
         return skips_due_validation(trainer)
     finally:
-        val_loop.reset_restart_stage()
+        epoch_loop.reset_restart_stage()
+        epoch_loop.val_loop.reset_restart_stage()
 
 
 def leave_restart(trainer: Trainer) -> None:

@@ -195,6 +195,7 @@ class ExactResume(Callback):
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         self._trainer = trainer
         if stage == "fit":
+            self._trainer_loop_skipped = True
             self._seed = global_seed()  # read once: it is fixed before the run starts, and read every batch
             wrap_train_loader(trainer, self._resumable)
 
@@ -237,13 +238,16 @@ class ExactResume(Callback):
                 " Checkpoints written at epoch ends resume exactly. A map-style Dataset in a plain DataLoader"
                 " (shuffle=True or False) is resumed exactly."
             )
-            if getattr(trainer.train_dataloader, "persistent_workers", False):
+            loaders = trainer.train_dataloader  # one, or several in a dict or list
+            loaders = list(loaders.values()) if isinstance(loaders, dict) else loaders
+            loaders = loaders if isinstance(loaders, (list, tuple)) else [loaders]
+            if any(getattr(loader, "persistent_workers", False) for loader in loaders):
                 rank_zero_warn(
-                    "ExactResume: its loader keeps its worker processes from epoch to epoch (persistent_workers=True):"
-                    " random numbers they draw (a random transform in the dataset) run on across epochs, and a resumed"
-                    " run's new workers start other streams, so even from an epoch's end it resumes exactly only if"
-                    " its workers draw none. With persistent_workers=False each epoch's workers are seeded from the"
-                    " run's seed."
+                    "ExactResume: the training loader, kept as it is, keeps its worker processes from epoch to epoch"
+                    " (persistent_workers=True): random numbers they draw (a random transform in the dataset) run on"
+                    " across epochs, and a resumed run's new workers start other streams, so even from an epoch's end"
+                    " it resumes exactly only if its workers draw none. With persistent_workers=False (and no generator"
+                    " of the loader's own) each epoch's workers are seeded from the run's seed."
                 )
         if self._saved is None:
             return
