@@ -375,6 +375,22 @@ def test_the_setups_the_generator_found_end_as_they_should(setup, stop, expected
 
 
 @pytest.mark.slow
+def test_a_resumed_run_writes_no_step_checkpoint_again_inside_an_accumulated_step(workdir: Path) -> None:
+    """Resumed from step=3.ckpt, the next epoch's first micro-batches are still at step 3: a step checkpoint written
+    there would replace the good one with one holding half a step."""
+    setup = Setup(
+        data={"loader": "map", "batch_size": 12, "train_size": 100},
+        trainer={"accumulate_grad_batches": 4, "max_epochs": 2},
+        step_checkpoints=3,
+    )
+    start = next(path for path in reference(setup, workdir).checkpoints if path.name.endswith("-step=3.ckpt"))
+    folder = workdir / "no-rewrite"
+    run([*setup.args(), f"--ckpt_path={start}"], folder)
+    written = sorted(path.name for path in folder.rglob("*.ckpt"))
+    assert "step=6.ckpt" in written and "step=3.ckpt" not in written, written
+
+
+@pytest.mark.slow
 def test_replay(workdir: Path) -> None:
     """One setup and stop, given as RESUME_SETUP (the line a failure prints)."""
     spec = os.environ.get("RESUME_SETUP")

@@ -251,6 +251,10 @@ class ExactResume(Callback):
                 )
         if self._saved is None:
             return
+        # The run never stopped writes no checkpoint twice at one step (`every_n_train_steps` wrote it, or was not due):
+        # nor does this one, where the step's first micro-batches after the resume would write it again.
+        for callback in trainer.checkpoint_callbacks:
+            mark_saved_at(callback, trainer.global_step)
         self._leave_restart = end_restarted_epoch(trainer)
         self._iterate_anew = not trainer.fit_loop.restarted_mid_epoch
         self._restore_plateau_schedulers(trainer)
