@@ -121,10 +121,14 @@ def start_next_epoch(trainer: Trainer) -> None:
 
 
 def skips_due_validation(trainer: Trainer) -> bool:
-    """A run restarted from a checkpoint written at a batch's end (`every_n_train_steps`), before the validation due
-    after that batch: Lightning goes on past that validation without running it."""
+    """A run restarted from a checkpoint written before the validation due after its batch had finished: at the
+    batch's end (`every_n_train_steps`), or during that validation (a stop in it) where Lightning does not resume
+    it. Lightning goes on past that validation without running it."""
     loop = trainer.fit_loop.epoch_loop
-    if not loop.restarted_on_train_batch_end:  # written in or after that validation
+    validation = loop.val_loop
+    before_it = loop.restarted_on_train_batch_end
+    inside_it = not validation.batch_progress.is_last_batch and not validation.restarted_mid_evaluation
+    if not (before_it or inside_it):  # written after it
         return False
     # Lightning decides by `current_epoch` (`check_val_every_n_epoch`): ask about the checkpoint's epoch.
     epochs = trainer.fit_loop.epoch_progress.current

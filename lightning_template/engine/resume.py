@@ -126,9 +126,9 @@ def step_plateau_schedulers(trainer: Trainer, epoch: int) -> None:
 def warn_skipped_validation(epoch: int, done: int) -> None:
     rank_zero_warn(
         f"ExactResume: resuming epoch {epoch} after {done} batches, from a checkpoint written before the validation"
-        " due after that batch (every_n_train_steps): Lightning goes on without running it, so its metrics (and the"
-        " best checkpoint, early stopping or plateau step they decide) are not the run's that was stopped. last.ckpt"
-        " and the best-epoch checkpoint are written after it."
+        " due after that batch had finished (a step checkpoint, or a stop during it): Lightning goes on without"
+        " running it, so its metrics (and the best checkpoint, early stopping or plateau step they decide) are not"
+        " the run's that was stopped. last.ckpt and the best-epoch checkpoint are written after it."
     )
 
 
