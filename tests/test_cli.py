@@ -268,9 +268,9 @@ def test_resume_refuses_another_models_checkpoint_and_flags_it_would_override(
     with pytest.raises(ValueError) as refused:
         ProjectCLI(args=[*cnn, f"--ckpt_path={last}", *flags, *tiny, "--trainer.max_epochs=2"])
     message = str(refused.value)
-    job_lr = yaml.safe_load((ROOT / "configs/simple_cnn.yaml").read_text())["model"]["init_args"]["optimizer"]
-    assert f"--model.optimizer.lr 0.5 (checkpoint: {job_lr['init_args']['lr']})" in message
-    assert "--model.dropout 0.4 (checkpoint: 0.1)" in message
+    job = yaml.safe_load((ROOT / "configs/simple_cnn.yaml").read_text())["model"]["init_args"]
+    assert f"--model.optimizer.lr 0.5 (checkpoint: {job['optimizer']['init_args']['lr']})" in message
+    assert f"--model.dropout 0.4 (checkpoint: {job['dropout']})" in message
     assert "hidden" not in message
     # The same value from a stacked config or from the environment is refused the same way.
     (tmp_path / "presets").mkdir()
@@ -280,7 +280,7 @@ def test_resume_refuses_another_models_checkpoint_and_flags_it_would_override(
     validate = ["validate", "--data=FashionMNISTDataModule", f"--ckpt_path={last}", *tiny[1:3]]
     model = '{"class_path": "SimpleCNN", "init_args": {"dropout": 0.3}}'
     monkeypatch.setenv("PL_VALIDATE__MODEL", model)
-    with pytest.raises(ValueError, match=r"--model.dropout 0.3 \(checkpoint: 0.1\)"):
+    with pytest.raises(ValueError, match=rf"--model.dropout 0.3 \(checkpoint: {job['dropout']}\)"):
         ProjectCLI(args=validate)
     monkeypatch.delenv("PL_VALIDATE__MODEL")
     ProjectCLI(args=[*validate, "--model=SimpleCNN"])  # the class's defaults are not a choice: the checkpoint's win

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 from lightning_template.engine.cli import ProjectCLI
 
@@ -47,7 +48,8 @@ def test_mlflow_run_holds_params_metrics_images_and_config_and_resume_continues_
     )
     assert capsys.readouterr().out.count(where) == 2  # both runs said where they went
     assert [m.step for m in client.get_metric_history(run.info.run_id, "val_acc")] == [9, 19]
-    assert run.data.params["dropout"] == "0.1"
+    job = yaml.safe_load((ROOT / "configs/simple_cnn.yaml").read_text())["model"]["init_args"]
+    assert run.data.params["dropout"] == str(job["dropout"])  # the job's settings, as the run had them
     artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}
     assert {"config.yaml", "train", "val"} <= artifacts
     matrix = {a.path for a in client.list_artifacts(run.info.run_id, "val/confusion_matrix")}
