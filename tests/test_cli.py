@@ -10,10 +10,11 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from jsonargparse import Namespace
 from lightning.pytorch.callbacks import LearningRateMonitor
 
 from lightning_template.engine import ExactResume, FiniteLossGuard, ResumeCheckpoint
-from lightning_template.engine.cli import DATA_FACTS, ProjectCLI, main
+from lightning_template.engine.cli import DATA_FACTS, ProjectCLI, main, named_subcommand
 from lightning_template.engine.errors import MissingFileError
 from lightning_template.engine.monitor import EarlyStop
 from lightning_template.tasks.classification import SimpleCNN
@@ -322,6 +323,29 @@ def test_a_misspelled_class_a_tab_in_a_config_and_another_class_option_are_one_c
         "error: --data.image_size is an argument of ImageFolderDataModule, not of FashionMNISTDataModule (this"
         " config's class)"
     ]  # not "did you mean --data.val_size?"
+
+
+def test_a_command_builds_the_parser_of_its_subcommand_alone_and_help_still_lists_them_all(monkeypatch, capsys):
+    config = ["--config", str(ROOT / "configs/simple_cnn.yaml")]
+    built: list[list[str]] = []
+    every = ProjectCLI.subcommands
+    monkeypatch.setattr(ProjectCLI, "subcommands", lambda cli: built.append(list(every(cli))) or every(cli))
+    for subcommand in ("validate", "fit"):
+        with pytest.raises(SystemExit):
+            ProjectCLI(args=[subcommand, *config, "--print_config"])
+        assert "max_epochs: 3" in capsys.readouterr().out and built and all(b == [subcommand] for b in built)
+        built.clear()
+    with pytest.raises(SystemExit):
+        ProjectCLI(args=["--help"])
+    assert "{fit,validate,test,predict}" in capsys.readouterr().out
+    assert _usage_error(["fitt", *config], capsys)[:2] == [
+        "error: argument subcommand: invalid choice: 'fitt' (choose from 'fit', 'validate', 'test', 'predict')",
+        "did you mean fit?",
+    ]
+    named = {"test": ["-c", "fit.yaml", "test", "--ckpt_path=best"], "predict": ["--print_config", "predict"], None: []}
+    for subcommand, args in [*named.items(), (None, ["fitt", "fit"])]:
+        assert named_subcommand(args) == subcommand
+    assert named_subcommand(Namespace(subcommand="validate")) == "validate"
 
 
 def test_model_help_says_what_each_model_accepts_as_weights(capsys) -> None:

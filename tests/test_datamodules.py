@@ -5,6 +5,7 @@ import gzip
 import itertools
 import json
 import math
+import os
 import shutil
 import weakref
 from pathlib import Path
@@ -16,6 +17,7 @@ import torchvision
 from lightning import seed_everything
 
 import lightning_template.tasks.classification
+from lightning_template.engine.errors import ConfigError
 from lightning_template.tasks.classification import (
     CIFAR10DataModule,
     FashionMNISTDataModule,
@@ -113,6 +115,21 @@ class TestResolutionOrder:
         assert dm.resolve_files() == raw
         dm.setup("fit")
         assert len(dm.splits["test"]) == 10_000
+
+    def test_a_file_is_decoded_once_per_version_and_each_reader_gets_its_own_copy(self, tmp_path: Path) -> None:
+        labels = tmp_path / "t10k-labels-idx1-ubyte"
+        values = bytes(range(10)) * 5
+        labels.write_bytes(bytes([0, 0, 8, 1, 0, 0, 0, 50]) + values)
+        first = read_idx(labels)
+        first[:] = 0  # a reader's edit stays its own
+        assert read_idx(labels).tolist() == list(values)
+        labels.write_bytes(bytes([0, 0, 8, 1, 0, 0, 0, 50]) + bytes(9 - v for v in values))  # a new copy of the file
+        later = labels.stat().st_mtime_ns + 10**9
+        os.utime(labels, ns=(later, later))
+        assert read_idx(labels).tolist() == [9 - v for v in values]
+        labels.write_bytes(labels.read_bytes()[:-1])
+        with pytest.raises(ConfigError, match="t10k-labels-idx1-ubyte: truncated or corrupt"):
+            read_idx(labels)
 
     def test_system_copy_when_data_dir_is_empty(self, tmp_path: Path, fashion_mnist_dir: Path, offline) -> None:
         dm = FashionMNISTDataModule(data_dir=str(tmp_path))

@@ -198,6 +198,21 @@ def did_you_mean(message: str, parser: LightningArgumentParser) -> str:
 _parsed_args: list[str] = []  # what ProjectCLI is parsing now
 
 
+def named_subcommand(args: Any) -> str | None:
+    """The subcommand that `args` names: a command line's first word that is not an option (or a `--config` file),
+    or a parsed config's `subcommand`."""
+    if not isinstance(args, list):
+        named = args.get("subcommand") if hasattr(args, "get") else None
+        return named if named in SUBCOMMANDS else None
+    words = iter(str(a) for a in args)
+    for word in words:
+        if word in ("-c", "--config"):
+            next(words, None)
+        elif not word.startswith("-"):
+            return word if word in SUBCOMMANDS else None
+    return None
+
+
 class ProjectParser(LightningArgumentParser):
     def error(self, message: str, ex: Exception | None = None) -> NoReturn:
         """The reason first, with the nearest valid name, instead of argparse's 80-line usage above it."""
@@ -217,9 +232,14 @@ class ProjectCLI(CLIHooks):
         # default_env: every option can also be set from the environment, e.g. PL_FIT__TRAINER__MAX_EPOCHS=3.
         defaults = {"default_config_files": [str(DEFAULTS)], "default_env": True}
         parser_kwargs = kwargs.setdefault("parser_kwargs", {})
+        self._subcommands = SUBCOMMANDS
         if kwargs.get("run", True):
+            # A parser per subcommand reads every class's signature again: build only the one asked for (all of
+            # them where none is named yet: `train.py --help`, a misspelled one).
+            chosen = named_subcommand(sys.argv[1:] if kwargs.get("args") is None else kwargs["args"])
+            self._subcommands = SUBCOMMANDS if chosen is None else (chosen,)
             parser_kwargs.setdefault("default_env", True)
-            for subcommand in SUBCOMMANDS:
+            for subcommand in self._subcommands:
                 parser_kwargs.setdefault(subcommand, defaults)
         else:
             parser_kwargs.update({**defaults, **parser_kwargs})
@@ -232,6 +252,10 @@ class ProjectCLI(CLIHooks):
         self.run_checkpoint: RunCheckpoint | None = None
         with warnings.catch_warnings():  # the filters a command adds (before_instantiate_classes) end with it
             super().__init__(*args, **kwargs)
+
+    def subcommands(self) -> dict[str, set[str]]:  # type: ignore[override]
+        every = super().subcommands()
+        return {name: every[name] for name in self._subcommands}
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         # Links whose source or target a class lacks are skipped (image data has no vocabulary).

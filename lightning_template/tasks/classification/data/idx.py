@@ -7,6 +7,7 @@ images) instead of 60k PIL images.
 
 from __future__ import annotations
 
+import functools
 import gzip
 from pathlib import Path
 
@@ -32,13 +33,20 @@ def has_all_files(folder: Path) -> bool:
 
 
 def read_idx(path: Path) -> torch.Tensor:
-    """Parse an (optionally gzipped) IDX file of unsigned bytes into a uint8 tensor."""
-    opener = gzip.open if path.suffix == ".gz" else open
+    """Parse an (optionally gzipped) IDX file of unsigned bytes into a uint8 tensor (a copy of its own)."""
     try:
-        with opener(path, "rb") as f:
-            data = f.read()
+        stat = path.stat()
+        return _decoded(path.resolve(), stat.st_size, stat.st_mtime_ns).clone()
     except (OSError, EOFError) as err:
         raise ConfigError(f"{path}: cannot be read ({err}). Delete it and run again to fetch a fresh copy.") from err
+
+
+# Runs in one process (a search's trials, a test session) read the same files again, and unzipping the 60k training
+# images takes longer than building a network: each file version (size, modification time) is decoded once.
+@functools.lru_cache(maxsize=len(ALL_FILES))
+def _decoded(path: Path, size: int, modified_ns: int) -> torch.Tensor:
+    with (gzip.open if path.suffix == ".gz" else open)(path, "rb") as f:
+        data = f.read()
     if len(data) < 4 or data[0] != 0 or data[1] != 0 or data[2] != 0x08:
         raise ConfigError(f"{path}: not an IDX file of unsigned bytes (bad magic number). Delete it and run again.")
     ndim = data[3]
