@@ -94,9 +94,10 @@ seeds: data $(VENV)/.installed-tune
 # /extra:search
 
 # What to run after every change (under a minute on 2 CPU cores): each job for a few steps, your own model
-# and data, resume at a glance, the quick checks.
+# and data, resume at a glance, the quick checks. `worksteal`: a process that runs out of tests takes some of the
+# other's, so neither waits at the end.
 test: $(VENV)/.installed-test
-	$(BIN)/python -m pytest -n auto -m "not slow and not matrix"
+	$(BIN)/python -m pytest -n auto --dist worksteal -m "not slow and not matrix"
 
 # Every test but the setups matrix (about 15 minutes on 2 CPU cores): processes, DDP, signals, generated
 # projects, every preset.

@@ -109,12 +109,18 @@ class TestResolutionOrder:
     def test_uncompressed_files_are_accepted(self, tmp_path: Path, fashion_mnist_dir: Path) -> None:
         raw = tmp_path / "FashionMNIST" / "raw"
         raw.mkdir(parents=True)
-        for name in ALL_FILES:
-            (raw / name).write_bytes(gzip.decompress((fashion_mnist_dir / f"{name}.gz").read_bytes()))
+        for name in ALL_FILES:  # the test split's files uncompressed, the training split's as they come
+            compressed = fashion_mnist_dir / f"{name}.gz"
+            if name.startswith("t10k"):
+                (raw / name).write_bytes(gzip.decompress(compressed.read_bytes()))
+            else:
+                (raw / compressed.name).symlink_to(compressed)
         dm = FashionMNISTDataModule(data_dir=str(tmp_path))
         assert dm.resolve_files() == raw
         dm.setup("fit")
-        assert len(dm.splits["test"]) == 10_000
+        images, labels = dm.splits["test"].images, dm.splits["test"].labels
+        assert torch.equal(labels, read_idx(fashion_mnist_dir / "t10k-labels-idx1-ubyte.gz").long())
+        assert torch.equal(images[:, 0], read_idx(fashion_mnist_dir / "t10k-images-idx3-ubyte.gz"))
 
     def test_a_file_is_decoded_once_per_version_and_each_reader_gets_its_own_copy(self, tmp_path: Path) -> None:
         labels = tmp_path / "t10k-labels-idx1-ubyte"

@@ -101,10 +101,10 @@ def simple_cnn_checkpoint(tmp_path_factory, fashion_mnist_dir) -> Path:
 
     directory = tmp_path_factory.mktemp("ckpt")
     trainer = Trainer(
-        max_epochs=1, limit_train_batches=2, limit_val_batches=1, logger=False, enable_progress_bar=False,
-        callbacks=[ModelCheckpoint(dirpath=directory)],
+        max_epochs=1, limit_train_batches=2, limit_val_batches=1, num_sanity_val_steps=0, logger=False,
+        enable_progress_bar=False, enable_model_summary=False, callbacks=[ModelCheckpoint(dirpath=directory)],
     )  # fmt: skip
-    trainer.fit(SimpleCNN(), datamodule=FashionMNISTDataModule())
+    trainer.fit(SimpleCNN(), datamodule=FashionMNISTDataModule(batch_size=16))
     return next(directory.glob("*.ckpt"))
 
 

@@ -12,9 +12,10 @@ import pytest
 import torch
 
 from lightning_template.engine.cli import main
+from lightning_template.engine.errors import ConfigError
 from lightning_template.tasks.language_model.baseline import ngram_cross_entropy
 from lightning_template.tasks.language_model.data import CharVocabulary, FortunesDataModule, split_entries
-from lightning_template.tasks.language_model.model import DecoderNet
+from lightning_template.tasks.language_model.model import DecoderNet, LanguageModel
 from lightning_template.tasks.language_model.vocabulary import BPEVocabulary, vocabulary_from_state
 
 from tests.conftest import ROOT, train_process
@@ -85,23 +86,24 @@ def _generate(workdir: Path, *flags: str) -> list[dict[str, str]]:
         return list(csv.DictReader(f))
 
 
-@pytest.mark.parametrize(
-    ("flag", "message"),
-    [
-        ("--model.top_k=0", "--model.top_k 0: at least 1 (null: sample among all tokens)."),
-        ("--model.temperature=-0.5", "--model.temperature -0.5: at least 0 (0: greedy, the likeliest token)."),
-        (
-            "--model.max_new_tokens=-3",
+def test_sampling_settings_out_of_range_are_refused_before_anything_loads(monkeypatch, capsys):
+    refused = {
+        "top_k": (0, "--model.top_k 0: at least 1 (null: sample among all tokens)."),
+        "temperature": (-0.5, "--model.temperature -0.5: at least 0 (0: greedy, the likeliest token)."),
+        "max_new_tokens": (
+            -3,
             "--model.max_new_tokens -3: at least 1 (a continuation also ends where its entry ends).",
         ),
-    ],
-)
-def test_sampling_settings_out_of_range_are_refused_before_anything_loads(flag, message, monkeypatch, capsys):
-    monkeypatch.setattr(sys, "argv", ["train.py", "predict", JOB, flag])
+    }
+    for setting, (value, message) in refused.items():
+        with pytest.raises(ConfigError) as err:
+            LanguageModel(**{setting: value})
+        assert str(err.value) == message
+    monkeypatch.setattr(sys, "argv", ["train.py", "predict", JOB, "--model.top_k=0"])  # through train.py: one line
     with pytest.raises(SystemExit) as exit_:
         main()
     err = capsys.readouterr().err
-    assert exit_.value.code == 1 and f"Error: {message}" in err and "Traceback" not in err
+    assert exit_.value.code == 1 and f"Error: {refused['top_k'][1]}" in err and "Traceback" not in err
 
 
 @pytest.mark.slow
