@@ -98,11 +98,6 @@ class RunCheckpoint:
         beside = self.path.parent / Path(self.best_model_path).name
         return next((p for p in (beside, Path(self.best_model_path)) if p.is_file()), None)
 
-    def datamodule_state(self, class_name: str) -> dict[str, Any] | None:
-        """What the datamodule of class `class_name` saved (its `state_dict()`), as Lightning stores it."""
-        state = self.entries.get(class_name)
-        return state if isinstance(state, dict) else None
-
     def mismatched_shapes(self, state_dict: dict[str, torch.Tensor]) -> list[str]:
         """`name: checkpoint (..) vs model (..)` for each tensor both have with another shape."""
         return [
@@ -190,7 +185,7 @@ def _continue_its_run(config: Any, found: RunCheckpoint, dump_fit_config: Callab
     logger_class = logger_type(logger)
     if logger_class not in RUN_ARG or not can_continue(logger_class, found.tracker_runs):
         return
-    folder = experiment_folder(config)
+    folder = experiment_dir(config)
     if folder is None or folder.resolve() not in found.path.resolve().parents[2:3]:
         return
     run, last = found.path.parents[1], found.path.parent / "last.ckpt"
@@ -231,7 +226,7 @@ def _check_same_data(config: Any, found: RunCheckpoint, run: Path, dump_fit_conf
 def _runs_newest_first(config: Any) -> tuple[Path | None, list[RunCheckpoint]]:
     """This experiment's folder and the last.ckpt of each of its runs that this logger can continue, newest
     first."""
-    folder = experiment_folder(config)
+    folder = experiment_dir(config)
     if folder is None:
         return None, []
     logger_class = logger_type(config.trainer.get("logger"))
@@ -269,15 +264,6 @@ def _best_checkpoint(config: Any) -> RunCheckpoint:
             " writes one where --checkpoint.monitor names a metric); give a checkpoint's path, or `last`."
         )
     return RunCheckpoint.read(best)
-
-
-def experiment_folder(config: Any) -> Path | None:
-    """Where the runs of this config's experiment are (`<folder>/<run>/checkpoints/`); None without a logger."""
-    logger = config.trainer.get("logger")
-    init_args = getattr(logger, "init_args", None)
-    if init_args is None:
-        return None
-    return experiment_dir(logger_type(logger), init_args, config.trainer.default_root_dir)
 
 
 class CheckpointAlone:

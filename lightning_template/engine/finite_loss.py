@@ -45,13 +45,12 @@ class FiniteLossGuard(Callback):
         """
         self.scaled_patience = scaled_patience
         self.non_finite_in_a_row = 0
-        self.losses: list[torch.Tensor] = []  # of the micro-batches since the last optimizer step
-        self.batch_indices: list[int] = []  # theirs
+        self.losses: list[tuple[torch.Tensor, int]] = []  # (loss, batch_idx) of the micro-batches since the last step
 
     def on_before_backward(self, trainer: Trainer, pl_module: LightningModule, loss: torch.Tensor) -> None:
         if _grad_scaler(trainer) is None:
-            self.losses.append(loss.detach())  # read with the gradients: one host sync per optimizer step
-            self.batch_indices.append(trainer.fit_loop.epoch_loop.batch_idx)
+            # Read with the gradients: one host sync per optimizer step.
+            self.losses.append((loss.detach(), trainer.fit_loop.epoch_loop.batch_idx))
             return
         # Under fp16 loss scaling a non-finite loss is a step the scaler skips: counted per micro-batch. Under DDP
         # every rank stops together (a rank that stopped alone would leave the others waiting in the all-reduce).
@@ -69,17 +68,16 @@ class FiniteLossGuard(Callback):
         if _grad_scaler(trainer) is not None:
             return  # the scaler has checked the gradients and skips the step itself
         losses, self.losses = self.losses, []
-        batch_indices, self.batch_indices = self.batch_indices, []
         grads = [p.grad for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
         # Every loss and gradient norm (non-finite if any element is) in one tensor (stack promotes their dtypes),
         # read once. A loss may have one element in any shape (`[1]` backpropagates as a scalar does).
-        values = [*(loss.reshape(()) for loss in losses), *(torch._foreach_norm(grads) if grads else ())]
+        values = [*(loss.reshape(()) for loss, _ in losses), *(torch._foreach_norm(grads) if grads else ())]
         finite = not values or bool(torch.stack(values).isfinite().all().item())
         if trainer.world_size > 1:  # every rank stops together, also when only one rank's loss is non-finite
             finite = trainer.strategy.reduce_boolean_decision(finite, all=True)
         if finite:
             return
-        for loss, batch in zip(losses, batch_indices, strict=True):  # the micro-batch of the accumulated step
+        for loss, batch in losses:  # the micro-batch of the accumulated step
             if not loss.isfinite():
                 self._stop(trainer, f"Loss became {loss.item()}", batch)
         self._stop(trainer, "A gradient became non-finite (the loss was finite)")

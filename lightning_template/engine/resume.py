@@ -8,7 +8,7 @@ For any LightningModule and LightningDataModule. What a resumed run must reprodu
 - random numbers of the training step (dropout, on-device augmentation): every batch
   draws from a generator seeded by (seed, epoch, batch, rank), so there is no generator
   state to save, and each DDP rank has its own stream; random transforms in a dataset's `__getitem__`
-  (in loader workers or not) are seeded per batch or sample (`SeededBatches`, `seeded_sample`);
+  (in loader workers or not) are seeded per batch or sample (`SeededBatches`, the tasks' `seeded_sample`);
 - model, optimizer, scheduler and loop state: Lightning's checkpoint.
 
 Stopping: SIGTERM (cluster pre-emption, `kill`) and the first Ctrl-C stop at the next optimizer-step boundary
@@ -397,11 +397,6 @@ class ExactResume(Callback):
             self._previous_handlers[requeue] = signal.signal(requeue, self._request_requeue)
             self._requeue_installed = True
 
-    def _restore_signal_handlers(self) -> None:
-        for signum, handler in self._previous_handlers.items():
-            signal.signal(signum, handler)
-        self._previous_handlers = {}
-
     def _graceful_sigint(self, signum: int, frame: Any) -> None:
         rank_zero_info("Ctrl-C: stopping at the next step boundary and saving a checkpoint (press again to abort).")
         signal.signal(signal.SIGINT, signal.default_int_handler)
@@ -432,7 +427,9 @@ class ExactResume(Callback):
             stop_after_this_step(trainer)  # Lightning raises SIGTERMException next
 
     def _restore(self) -> None:
-        self._restore_signal_handlers()
+        for signum, handler in self._previous_handlers.items():
+            signal.signal(signum, handler)
+        self._previous_handlers = {}
         if self._warnings is not None:
             self._warnings.__exit__(None, None, None)
             self._warnings = None

@@ -6,17 +6,17 @@ injecting its own.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import os
 import random
-from collections.abc import Callable, Iterator, Sized
-from typing import Any, TypeVar
+from collections.abc import Iterator, Sized
+from typing import Any
 
 import numpy as np
 import torch
 from lightning import Trainer
 from lightning.pytorch.trainer.states import TrainerFn
+from lightning.pytorch.utilities.seed import isolate_rng
 from torch.utils.data import (
     DataLoader,
     Dataset,
@@ -24,10 +24,9 @@ from torch.utils.data import (
     IterableDataset,
     RandomSampler,
     SequentialSampler,
-    get_worker_info,
 )
 
-T = TypeVar("T")
+SAMPLERS = ("sampler", "batch_sampler")  # a DataLoader's attributes that order its batches
 
 
 def world(trainer: Trainer | None) -> tuple[int, int]:
@@ -44,25 +43,6 @@ def derive_seed(*parts: int) -> int:
     """A seed for (seed, epoch, rank, sample, ...): independent streams, the same on every machine."""
     digest = hashlib.blake2b(repr(parts).encode(), digest_size=8).digest()
     return int.from_bytes(digest, "little") >> 1
-
-
-def seeded_sample(get_item: Callable[[int], T], index: int | tuple[int, int]) -> T:
-    """`get_item(index)`, with torch's generator seeded by the sample's own seed if the sampler gave one.
-
-    Random transforms in DataLoader workers then depend on (seed, epoch, sample) alone: not on
-    the number of workers, on which worker got the sample, or on where a resumed run restarted.
-    """
-    if not isinstance(index, tuple):
-        return get_item(index)
-    sample, seed = index
-    if get_worker_info() is not None:  # a worker process: its generator serves these samples alone
-        torch.default_generator.manual_seed(seed)
-        return get_item(sample)
-    with torch.random.fork_rng(devices=[]):  # the main process (num_workers=0): training's own stream is kept
-        # The CPU generator only (what fork_rng restores): torch.manual_seed would also reseed CUDA's, and costs
-        # a stack trace per sample while CUDA is not initialized (every DataLoader worker).
-        torch.default_generator.manual_seed(seed)
-        return get_item(sample)
 
 
 class ResumesFromLoop:
@@ -116,36 +96,16 @@ class EpochSampler(DistributedSampler, ResumesFromLoop):
         super().__init__(dataset, num_replicas=world_size, rank=rank, shuffle=shuffle, seed=seed)  # type: ignore[arg-type]
         self.batch_size, self.trainer, self.sample_seeds = batch_size, trainer, sample_seeds
 
-    def position(self) -> tuple[int, int]:
-        """(epoch, batches of it already trained)."""
-        return fit_position(self.trainer) or (self.epoch, 0)
-
     def epoch_indices(self, epoch: int) -> list[int]:
         self.set_epoch(epoch)
         return list(super().__iter__())
 
     def __iter__(self) -> Iterator[Any]:
-        epoch, batches_done = self.position()
+        epoch, batches_done = fit_position(self.trainer) or (self.epoch, 0)
         indices = self.epoch_indices(epoch)[batches_done * self.batch_size :]
         if self.sample_seeds:
             return iter([(i, derive_seed(self.seed, epoch, i)) for i in indices])
         return iter(indices)
-
-
-@contextlib.contextmanager
-def random_state_of(seed: int) -> Iterator[None]:
-    """torch's CPU generator, Python's `random` and NumPy's global generator seeded by `seed` inside the block, and
-    as they were after it (the main process's own streams are not touched by data loading)."""
-    states = torch.random.get_rng_state(), random.getstate(), np.random.get_state()
-    torch.default_generator.manual_seed(seed)
-    random.seed(seed)
-    np.random.seed(seed % 2**32)
-    try:
-        yield
-    finally:
-        torch.random.set_rng_state(states[0])
-        random.setstate(states[1])
-        np.random.set_state(states[2])
 
 
 class SeededBatches(Dataset):
@@ -171,8 +131,11 @@ class SeededBatches(Dataset):
         return self.__getitems__([index])[0]
 
     def __getitems__(self, indices: list[tuple[int, int]]) -> Any:
-        positions = [index for index, _ in indices]
-        with random_state_of(indices[0][1]):
+        positions, seed = [index for index, _ in indices], indices[0][1]
+        with isolate_rng(include_cuda=False):  # the main process's own streams are not touched by data loading
+            torch.default_generator.manual_seed(seed)
+            random.seed(seed)
+            np.random.seed(seed % 2**32)
             if callable(getattr(self.dataset, "__getitems__", None)):
                 return self.dataset.__getitems__(positions)
             return [self.dataset[i] for i in positions]
@@ -235,16 +198,13 @@ def resumable_loader(loader: Any, trainer: Trainer) -> tuple[Any, str | None]:
     restored state starts the next epoch in another order than a run never stopped (and Lightning does not restore
     it when `configure_optimizers` reads `trainer.estimated_stepping_batches`, Lightning #20550).
     """
-    if isinstance(loader, ResumesFromLoop) or isinstance(getattr(loader, "sampler", None), ResumesFromLoop):
-        return loader, None
-    if isinstance(getattr(loader, "batch_sampler", None), ResumesFromLoop):
+    if any(isinstance(x, ResumesFromLoop) for x in (loader, *(getattr(loader, a, None) for a in SAMPLERS))):
         return loader, None
     stateful = callable(getattr(loader, "state_dict", None)) and callable(getattr(loader, "load_state_dict", None))
     if stateful and not (is_stateful_dataloader(loader) and not isinstance(loader.dataset, IterableDataset)):
         return loader, None
     if why := not_rebuildable(loader):
         return loader, why
-    rank = world(trainer)[1]
     sampler = EpochSampler(
         loader.dataset, loader.batch_size, trainer, global_seed(), sample_seeds=True,  # type: ignore[arg-type]
         shuffle=bool(shuffles(loader.sampler)),
@@ -255,7 +215,7 @@ def resumable_loader(loader: Any, trainer: Trainer) -> tuple[Any, str | None]:
         num_workers=workers, collate_fn=loader.collate_fn, pin_memory=loader.pin_memory, timeout=loader.timeout,
         worker_init_fn=loader.worker_init_fn,
         multiprocessing_context=loader.multiprocessing_context if workers else None,
-        generator=torch.Generator().manual_seed(derive_seed(global_seed(), rank)),
+        generator=torch.Generator().manual_seed(derive_seed(global_seed(), trainer.global_rank)),
         prefetch_factor=loader.prefetch_factor if workers else None, persistent_workers=loader.persistent_workers,
         pin_memory_device=loader.pin_memory_device, in_order=loader.in_order,
     )  # fmt: skip

@@ -15,7 +15,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import torch
 from lightning import LightningModule, Trainer
 from lightning.pytorch.cli import SaveConfigCallback
 from lightning.pytorch.loggers import CSVLogger, Logger, MLFlowLogger, TensorBoardLogger, WandbLogger
@@ -50,21 +49,13 @@ def run_dir(trainer: Trainer) -> Path:
     return Path(root) / str(logger.name) / str(logger.version)
 
 
-def run_id(logger: Logger) -> str:
-    """What names the run to its logger: the version folder (TensorBoard, CSV) or the tracker's run id."""
-    if isinstance(logger, (TensorBoardLogger, CSVLogger)):
-        return Path(logger.log_dir).name  # `version_3`, as the `version` argument takes it back
-    return str(logger.version)
-
-
 def tracker_runs_of(trainer: Trainer) -> dict[str, str]:
-    return {type(lg).__name__: run_id(lg) for lg in trainer.loggers}
-
-
-def tracker_runs(checkpoint_path: str) -> dict[str, str]:
-    """The {logger class: run id} a checkpoint was written by (empty for older checkpoints)."""
-    checkpoint = torch.load(checkpoint_path, map_location="cpu", weights_only=True, mmap=True)
-    return dict(checkpoint.get(CHECKPOINT_KEY, {}))
+    """{logger class: what names the run to it}: the version folder (TensorBoard, CSV: `version_3`, as the `version`
+    argument takes it back) or the tracker's run id."""
+    return {
+        type(lg).__name__: Path(lg.log_dir).name if isinstance(lg, (TensorBoardLogger, CSVLogger)) else str(lg.version)
+        for lg in trainer.loggers
+    }
 
 
 TRACKER_PACKAGES = {"MLFlowLogger": ("mlflow", "mlflow"), "WandbLogger": ("wandb", "wandb")}  # module, extra
@@ -94,8 +85,13 @@ def can_continue(logger_class: str, runs: dict[str, str]) -> bool:
     return logger_class in runs
 
 
-def experiment_dir(logger_class: str, init_args: Any, default_root_dir: str | None) -> Path | None:
-    """Where this experiment's run folders are (`<dir>/<run>/checkpoints/`), without starting a run."""
+def experiment_dir(config: Any) -> Path | None:
+    """Where the runs of this config's experiment are (`<dir>/<run>/checkpoints/`), without starting a run; None
+    without a logger."""
+    logger, default_root_dir = config.trainer.get("logger"), config.trainer.default_root_dir
+    logger_class, init_args = logger_type(logger), getattr(logger, "init_args", None)
+    if init_args is None:
+        return None
     name = init_args.get(EXPERIMENT_ARG.get(logger_class, "name"))
     if logger_class in FOLDER_LOGGERS:
         return Path(init_args.save_dir) / (name or "lightning_logs")

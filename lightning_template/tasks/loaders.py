@@ -8,13 +8,15 @@ Your own datamodule needs none of this: a plain `DataLoader` gets the same guara
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sized
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 from lightning import Trainer
-from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler
+from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler, get_worker_info
 
 from lightning_template.engine.sampling import EpochSampler, derive_seed, global_seed, world
+
+T = TypeVar("T")
 
 
 class EvalShardSampler(DistributedSampler):
@@ -31,6 +33,25 @@ class EvalShardSampler(DistributedSampler):
 
     def __iter__(self) -> Iterator[int]:
         return iter(range(self.rank, len(self.dataset), self.num_replicas))  # type: ignore[arg-type]
+
+
+def seeded_sample(get_item: Callable[[int], T], index: int | tuple[int, int]) -> T:
+    """`get_item(index)`, with torch's generator seeded by the sample's own seed if the sampler gave one.
+
+    Random transforms in DataLoader workers then depend on (seed, epoch, sample) alone: not on
+    the number of workers, on which worker got the sample, or on where a resumed run restarted.
+    """
+    if not isinstance(index, tuple):
+        return get_item(index)
+    sample, seed = index
+    if get_worker_info() is not None:  # a worker process: its generator serves these samples alone
+        torch.default_generator.manual_seed(seed)
+        return get_item(sample)
+    with torch.random.fork_rng(devices=[]):  # the main process (num_workers=0): training's own stream is kept
+        # The CPU generator only (what fork_rng restores): torch.manual_seed would also reseed CUDA's, and costs
+        # a stack trace per sample while CUDA is not initialized (every DataLoader worker).
+        torch.default_generator.manual_seed(seed)
+        return get_item(sample)
 
 
 def make_loader(

@@ -34,7 +34,7 @@ from lightning_template.tasks.classification.data.folds import check_fold, fold_
 from lightning_template.tasks.classification.data.in_memory import DeviceImageTransforms, affine_normalize
 from lightning_template.engine.errors import ConfigError, DataError, MissingFileError
 from lightning_template.tasks.classification.input_spec import eight_bit
-from lightning_template.engine.sampling import seeded_sample
+from lightning_template.tasks.loaders import seeded_sample
 from lightning_template.tasks.loaders import SplitLoaders, make_loader
 
 log = logging.getLogger(__name__)
