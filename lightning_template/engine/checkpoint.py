@@ -98,6 +98,11 @@ class RunCheckpoint:
         beside = self.path.parent / Path(self.best_model_path).name
         return next((p for p in (beside, Path(self.best_model_path)) if p.is_file()), None)
 
+    def datamodule_state(self, class_name: str) -> dict[str, Any] | None:
+        """What the datamodule of class `class_name` saved (its `state_dict()`), as Lightning stores it."""
+        state = self.entries.get(class_name)
+        return state if isinstance(state, dict) else None
+
     def mismatched_shapes(self, state_dict: dict[str, torch.Tensor]) -> list[str]:
         """`name: checkpoint (..) vs model (..)` for each tensor both have with another shape."""
         return [

@@ -413,9 +413,9 @@ class ProjectCLI(CLIHooks):
     def _restore_datamodule(self, datamodule: LightningDataModule) -> None:
         """A datamodule that learns something from its files (a vocabulary) gets what the checkpoint was trained
         with, before the model is built from it: evaluating or predicting then needs no training files."""
-        record = self.run_checkpoint  # what the datamodule saved (its `state_dict()`), as Lightning stores it
-        state = None if record is None else record.entries.get(type(datamodule).__qualname__)
-        if not isinstance(state, dict):
+        record = self.run_checkpoint
+        state = None if record is None else record.datamodule_state(type(datamodule).__qualname__)
+        if state is None:
             return
         datamodule.load_state_dict(state)
         # Settings given on top of the job that the saved state replaced (a tokenizer, a context) are refused, as
