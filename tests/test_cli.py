@@ -335,6 +335,9 @@ def test_a_command_builds_the_parser_of_its_subcommand_alone_and_help_still_list
             ProjectCLI(args=[subcommand, *config, "--print_config"])
         assert "max_epochs: 3" in capsys.readouterr().out and built and all(b == [subcommand] for b in built)
         built.clear()
+    with pytest.raises(SystemExit):  # a script's settings for another subcommand's parser: that one is built too
+        ProjectCLI(args=["validate", *config, "--print_config"], parser_kwargs={"fit": {"prog": "train.py"}})
+    assert "max_epochs: 3" in capsys.readouterr().out and built[0] == ["fit", "validate"]
     with pytest.raises(SystemExit):
         ProjectCLI(args=["--help"])
     assert "{fit,validate,test,predict}" in capsys.readouterr().out

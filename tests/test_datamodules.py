@@ -123,15 +123,17 @@ class TestResolutionOrder:
         assert torch.equal(images[:, 0], read_idx(fashion_mnist_dir / "t10k-images-idx3-ubyte.gz"))
 
     def test_a_file_is_decoded_once_per_version_and_each_reader_gets_its_own_copy(self, tmp_path: Path) -> None:
+        header, values = bytes([0, 0, 8, 1, 0, 0, 0, 50]), bytes(range(10)) * 5
+        first, second = tmp_path / "first", tmp_path / "second"  # two versions of one file, of the same size
+        first.write_bytes(header + values)
+        second.write_bytes(header + bytes(9 - v for v in values))
+        os.utime(second, ns=(first.stat().st_atime_ns, first.stat().st_mtime_ns))
         labels = tmp_path / "t10k-labels-idx1-ubyte"
-        values = bytes(range(10)) * 5
-        labels.write_bytes(bytes([0, 0, 8, 1, 0, 0, 0, 50]) + values)
-        first = read_idx(labels)
-        first[:] = 0  # a reader's edit stays its own
+        shutil.copy2(first, labels)
+        read = read_idx(labels)
+        read[:] = 0  # a reader's edit stays its own
         assert read_idx(labels).tolist() == list(values)
-        labels.write_bytes(bytes([0, 0, 8, 1, 0, 0, 0, 50]) + bytes(9 - v for v in values))  # a new copy of the file
-        later = labels.stat().st_mtime_ns + 10**9
-        os.utime(labels, ns=(later, later))
+        shutil.copy2(second, labels)  # a new copy with the same size and modification time (`cp -p`)
         assert read_idx(labels).tolist() == [9 - v for v in values]
         labels.write_bytes(labels.read_bytes()[:-1])
         with pytest.raises(ConfigError, match="t10k-labels-idx1-ubyte: truncated or corrupt"):

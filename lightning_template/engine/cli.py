@@ -237,7 +237,7 @@ class ProjectCLI(CLIHooks):
             # A parser per subcommand reads every class's signature again: build only the one asked for (all of
             # them where none is named yet: `train.py --help`, a misspelled one).
             chosen = named_subcommand(sys.argv[1:] if kwargs.get("args") is None else kwargs["args"])
-            self._subcommands = SUBCOMMANDS if chosen is None else (chosen,)
+            self._subcommands = tuple(s for s in SUBCOMMANDS if chosen in (None, s) or s in parser_kwargs)
             parser_kwargs.setdefault("default_env", True)
             for subcommand in self._subcommands:
                 parser_kwargs.setdefault(subcommand, defaults)

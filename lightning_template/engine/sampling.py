@@ -132,7 +132,8 @@ class SeededBatches(Dataset):
 
     def __getitems__(self, indices: list[tuple[int, int]]) -> Any:
         positions, seed = [index for index, _ in indices], indices[0][1]
-        with isolate_rng(include_cuda=False):  # the main process's own streams are not touched by data loading
+        # The main process's own streams are not touched by data loading (a fetch that raises ends the run).
+        with isolate_rng(include_cuda=False):
             torch.default_generator.manual_seed(seed)
             random.seed(seed)
             np.random.seed(seed % 2**32)

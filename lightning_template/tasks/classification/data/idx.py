@@ -36,15 +36,16 @@ def read_idx(path: Path) -> torch.Tensor:
     """Parse an (optionally gzipped) IDX file of unsigned bytes into a uint8 tensor (a copy of its own)."""
     try:
         stat = path.stat()
-        return _decoded(path.resolve(), stat.st_size, stat.st_mtime_ns).clone()
+        return _decoded(path, (stat.st_ino, stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns)).clone()
     except (OSError, EOFError) as err:
         raise ConfigError(f"{path}: cannot be read ({err}). Delete it and run again to fetch a fresh copy.") from err
 
 
 # Runs in one process (a search's trials, a test session) read the same files again, and unzipping the 60k training
-# images takes longer than building a network: each file version (size, modification time) is decoded once.
+# images takes longer than building a network: each version of a file is decoded once. A copy that keeps the
+# modification time (`cp -p`) is still another version: its inode or its change time (which no copy keeps) differs.
 @functools.lru_cache(maxsize=len(ALL_FILES))
-def _decoded(path: Path, size: int, modified_ns: int) -> torch.Tensor:
+def _decoded(path: Path, version: tuple[int, int, int, int]) -> torch.Tensor:
     with (gzip.open if path.suffix == ".gz" else open)(path, "rb") as f:
         data = f.read()
     if len(data) < 4 or data[0] != 0 or data[1] != 0 or data[2] != 0x08:
