@@ -108,12 +108,18 @@ def import_tasks() -> dict[str, type]:
     return exported
 
 
-def is_subclass(class_path: str, base: type) -> bool:
+def class_of(class_path: str) -> Any:
+    """What `module.Name` names, or None where it cannot be imported."""
     module, _, name = class_path.rpartition(".")
     try:
-        return issubclass(getattr(importlib.import_module(module), name), base)
-    except (ImportError, AttributeError, TypeError, ValueError):
-        return False
+        return getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError, ValueError):
+        return None
+
+
+def is_subclass(class_path: str, base: type) -> bool:
+    found = class_of(class_path)
+    return isinstance(found, type) and issubclass(found, base)
 
 
 def run_name(config: Any) -> str:
@@ -125,18 +131,13 @@ def run_name(config: Any) -> str:
     return str(getattr(model, "class_path", "run")).rpartition(".")[2].lower()
 
 
-def _init_parameters(class_path: str) -> set[str]:
+def _init_parameters(cls: Any) -> set[str]:
     """The arguments a class takes, its base classes' included (where its **kwargs go)."""
-    module, _, name = class_path.rpartition(".")
     try:
-        mro = getattr(importlib.import_module(module), name).__mro__
+        mro = cls.__mro__
         return {p for c in mro if "__init__" in vars(c) for p in inspect.signature(vars(c)["__init__"]).parameters}
-    except (ImportError, AttributeError, TypeError, ValueError):
+    except (AttributeError, TypeError, ValueError):
         return set()
-
-
-def _path(cls: type) -> str:
-    return f"{cls.__module__}.{cls.__qualname__}"
 
 
 def unreadable_config(argv: list[str]) -> str:
@@ -163,7 +164,7 @@ def one_line(message: str, argv: list[str]) -> str:
     nested, classes = re.search(r"NestedArg\(key='(\w+)'", message), re.findall(r"class_path[ =]'([\w.]+)'", message)
     if key and nested and classes and "is not accepted" in message:
         option = nested.group(1)
-        owners = [n for n, c in import_tasks().items() if isinstance(c, type) and option in _init_parameters(_path(c))]
+        owners = [n for n, c in import_tasks().items() if isinstance(c, type) and option in _init_parameters(c)]
         if owners:
             return (
                 f"--{key.group(1)}.{option} is an argument of {' / '.join(owners)}, not of"
@@ -183,7 +184,7 @@ def did_you_mean(message: str, parser: LightningArgumentParser) -> str:
     classes = re.findall(r"class_path[ =]'([\w.]+)'", message)  # the last one is the class that refused the key
     if top and nested and classes and "is not accepted" in message:
         path, _, option = f"{top.group(1)}.{nested.group(1)}".rpartition(".")
-        suggestions += [f"--{path}.{m}" for m in close(option, _init_parameters(classes[-1]))]
+        suggestions += [f"--{path}.{m}" for m in close(option, _init_parameters(class_of(classes[-1])))]
     if name := re.match(r"--(model|data) (\S+): no such class", message):
         suggestions += close(name.group(2), [n for n, c in import_tasks().items() if isinstance(c, type)])
     if found := re.search(r"invalid choice: '([^']*)' \(choose from (.*)\)", message):
@@ -512,12 +513,7 @@ def _keep_the_last_of_each_single_callback(configured: list[Any]) -> None:
     by_class: dict[str, list[Any]] = {}
     for callback in configured:
         path = getattr(callback, "class_path", "")
-        module, _, name = path.rpartition(".")
-        try:
-            single = getattr(getattr(importlib.import_module(module), name), "single_per_run", False)
-        except (ImportError, AttributeError, ValueError):
-            single = False
-        if single:
+        if getattr(class_of(path), "single_per_run", False):
             by_class.setdefault(path, []).append(callback)
     for path, callbacks in by_class.items():
         for replaced in callbacks[:-1]:
