@@ -1,6 +1,7 @@
 """The loaders of the shipped datamodules: the training split through the engine's `EpochSampler` (its order from
-(seed, epoch), so that a resumed run continues it without the engine rebuilding the loader), evaluation splits
-sharded without padding under DDP, and the four `*_dataloader` hooks from one method.
+(seed, epoch), so that a resumed run continues it without the engine rebuilding the loader), a sample's random
+transforms seeded by its own seed (`seeded_sample`), evaluation splits sharded without padding under DDP, and the four
+`*_dataloader` hooks from one method.
 
 Your own datamodule needs none of this: a plain `DataLoader` gets the same guarantees (docs/extending.md).
 """
