@@ -21,13 +21,11 @@ the middle of a step or with non-finite weights.
 from __future__ import annotations
 
 import os
-import random
 import signal
 import threading
 import warnings
 from typing import Any
 
-import numpy as np
 import torch
 from lightning import Callback, LightningModule, Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint
@@ -56,15 +54,17 @@ from lightning_template.engine.lightning_internals import (
     train_data_fetcher,
     wrap_train_loader,
 )
-from lightning_template.engine.sampling import ResumesFromLoop, derive_seed, global_seed, resumable_loader
+from lightning_template.engine.sampling import (
+    ResumesFromLoop,
+    derive_seed,
+    global_seed,
+    resumable_loader,
+    seed_host,
+)
 
 
 def seed_all(seed: int) -> None:
-    random.seed(seed)
-    np.random.seed(seed % 2**32)
-    # Not torch.manual_seed: while CUDA is not initialized (every CPU run) it records a stack trace per call for a
-    # deferred CUDA seeding, about 2 ms per training step on a small CPU. The same states, without that.
-    torch.default_generator.manual_seed(seed)
+    seed_host(seed)
     if torch.cuda.is_initialized():
         torch.cuda.manual_seed_all(seed)
     if torch.backends.mps.is_available():
