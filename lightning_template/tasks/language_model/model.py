@@ -84,7 +84,8 @@ class LanguageModel(LightningModule):
             depth: Number of transformer blocks.
             num_heads: Attention heads per block (dim must be divisible by it).
             dropout: Dropout on embeddings, attention weights and residual branches.
-            optimizer: Any `torch.optim` optimizer; its `weight_decay` applies to weight matrices only.
+            optimizer: Any `torch.optim` optimizer, or `MuonAdamW` (Muon for the blocks' weight matrices); its
+                `weight_decay` applies to weight matrices only.
             warmup_epochs: Linear warmup length in epochs (fractions allowed).
             schedule: After warmup: `cosine` decay to `min_lr_ratio` x lr at the last step, or `constant`.
             min_lr_ratio: Final learning rate of the cosine schedule, as a fraction of `lr`.
@@ -181,12 +182,23 @@ class LanguageModel(LightningModule):
         vocabulary = self.trainer.datamodule.vocabulary
         return [{"prompt": text, "generated": vocabulary.decode(generated)} for text, generated in outputs]
 
+    def parameter_groups(self) -> list[dict[str, Any]]:
+        """The blocks' weight matrices (marked "muon": Muon's under MuonAdamW, any other optimizer ignores the
+        mark), the token embedding (also the output layer), and what is not decayed: norms, biases, positions."""
+        groups: dict[str, list[nn.Parameter]] = {"hidden": [], "decay": [], "no_decay": []}
+        for name, parameter in self.named_parameters():
+            if parameter.ndim < 2 or parameter is self.net.pos_embed:
+                groups["no_decay"].append(parameter)
+            else:
+                groups["hidden" if name.startswith("net.blocks.") else "decay"].append(parameter)
+        return [
+            {"params": groups["hidden"], "name": "hidden", "muon": True},
+            {"params": groups["decay"], "name": "decay"},
+            {"params": groups["no_decay"], "name": "no_decay", "weight_decay": 0.0},
+        ]
+
     def configure_optimizers(self) -> dict[str, Any]:
-        decay = [p for p in self.parameters() if p.ndim >= 2 and p is not self.net.pos_embed]
-        no_decay = [p for p in self.parameters() if p.ndim < 2 or p is self.net.pos_embed]
-        optimizer = self.make_optimizer(
-            [{"params": decay, "name": "decay"}, {"params": no_decay, "name": "no_decay", "weight_decay": 0.0}]
-        )
+        optimizer = self.make_optimizer(self.parameter_groups())
         hp = self.hparams
         check_run_length(hp.schedule, self.trainer.max_epochs, self.trainer.max_steps)
         scheduler = WarmupSchedule(
