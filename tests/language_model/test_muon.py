@@ -4,12 +4,14 @@ learning-rate schedule, and resumes from its state_dict as if never stopped."""
 from __future__ import annotations
 
 import copy
+import pickle
 
 import pytest
 import torch
 from torch import nn
 from torch.optim.lr_scheduler import LambdaLR
 
+from lightning_template.engine.errors import ConfigError
 from lightning_template.tasks.language_model.model import LanguageModel
 from lightning_template.tasks.language_model.muon import MuonAdamW
 
@@ -81,15 +83,53 @@ def test_a_fresh_optimizer_loaded_from_the_state_dict_continues_as_the_one_never
     assert all(torch.equal(a, b) for a, b in zip(never_stopped.parameters(), resumed.parameters(), strict=True))
 
 
-def test_a_group_added_later_is_stepped_and_only_matrices_can_be_muons() -> None:
+def test_a_copy_or_a_pickle_steps_as_the_original() -> None:
     net = network()
-    optimizer = MuonAdamW(groups(net)[:2], **SETTINGS)
-    frozen_until_now = [p.detach().clone() for p in groups(net)[2]["params"]]
-    optimizer.add_param_group(groups(net)[2])  # as a fine-tuning callback unfreezes a part of the network
+    optimizer = MuonAdamW(groups(net), **SETTINGS)
+    train(net, optimizer, LambdaLR(optimizer, halving), 2)
+    copied_net, copied = copy.deepcopy((net, optimizer))  # as Lightning's or a user's copy of the module and optimizer
+    pickled_net, pickled = pickle.loads(pickle.dumps((net, optimizer)))
+    for model, opt in ((net, optimizer), (copied_net, copied), (pickled_net, pickled)):
+        train(model, opt, LambdaLR(opt, halving), 2)
+    assert all(torch.equal(a, b) for a, b in zip(net.parameters(), copied_net.parameters(), strict=True))
+    assert all(torch.equal(a, b) for a, b in zip(net.parameters(), pickled_net.parameters(), strict=True))
+    for opt in (copied, pickled):  # Muon's settings travel with it, for a group added later
+        opt.add_param_group({"params": [nn.Parameter(torch.ones(3, 3))], "muon": True})
+        assert (opt.param_groups[-1]["lr"], opt.param_groups[-1]["weight_decay"]) == (0.02, 0.2)
+
+
+def test_the_step_evaluates_the_closure_once_and_returns_its_loss() -> None:
+    net = network()
+    optimizer = MuonAdamW(groups(net), **SETTINGS)
+    calls = []
+
+    def closure() -> torch.Tensor:  # what Lightning's automatic optimization hands to `step`
+        calls.append(1)
+        optimizer.zero_grad()
+        loss = net(INPUTS).square().mean()
+        loss.backward()
+        return loss
+
+    before = [p.detach().clone() for p in net.parameters()]
+    assert optimizer.step(closure) is not None and calls == [1]
+    assert not any(torch.equal(a, b) for a, b in zip(before, net.parameters(), strict=True))
+
+
+def test_a_group_added_later_gets_its_optimizers_settings_and_a_refused_one_changes_nothing() -> None:
+    net = network()
+    hidden, decay, no_decay = groups(net)
+    optimizer = MuonAdamW([decay], **SETTINGS)
+    with pytest.raises(ConfigError, match=r"marked \"muon\" holds parameters of shapes \[\(16,\)\]; Muon trains 2-D"):
+        optimizer.add_param_group({"params": [net[1].bias], "muon": True, "name": "bias"})
+    assert len(optimizer.param_groups) == 1
+    # As a fine-tuning callback unfreezes a part of the network: Muon's settings for Muon's group, AdamW's for the other
+    optimizer.add_param_group({"params": hidden["params"], "muon": True, "name": "hidden"})
+    optimizer.add_param_group(no_decay)
+    assert [(g["lr"], g["weight_decay"]) for g in optimizer.param_groups] == [(0.01, 0.1), (0.02, 0.2), (0.01, 0.0)]
+    frozen_until_now = [p.detach().clone() for p in [*hidden["params"], *no_decay["params"]]]
     train(net, optimizer, LambdaLR(optimizer, halving), 1)
-    assert not any(torch.equal(a, b) for a, b in zip(frozen_until_now, groups(net)[2]["params"], strict=True))
-    with pytest.raises(ValueError, match="2D parameters"):
-        MuonAdamW([{"params": [net[1].bias], "muon": True}])
+    now = [*hidden["params"], *no_decay["params"]]
+    assert not any(torch.equal(a, b) for a, b in zip(frozen_until_now, now, strict=True))
 
 
 def test_the_language_model_gives_muon_the_blocks_weight_matrices_and_adamw_the_rest() -> None:

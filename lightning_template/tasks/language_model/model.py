@@ -85,7 +85,8 @@ class LanguageModel(LightningModule):
             num_heads: Attention heads per block (dim must be divisible by it).
             dropout: Dropout on embeddings, attention weights and residual branches.
             optimizer: Any `torch.optim` optimizer, or `MuonAdamW` (Muon for the blocks' weight matrices); its
-                `weight_decay` applies to weight matrices only.
+                `weight_decay` applies to weight matrices only (under MuonAdamW: to the token embedding, and
+                `muon_weight_decay` to the blocks' matrices).
             warmup_epochs: Linear warmup length in epochs (fractions allowed).
             schedule: After warmup: `cosine` decay to `min_lr_ratio` x lr at the last step, or `constant`.
             min_lr_ratio: Final learning rate of the cosine schedule, as a fraction of `lr`.

@@ -18,6 +18,8 @@ from typing import Any
 import torch
 from torch.optim import AdamW, Muon, Optimizer
 
+from lightning_template.engine.errors import ConfigError
+
 
 class MuonAdamW(Optimizer):
     def __init__(
@@ -40,32 +42,41 @@ class MuonAdamW(Optimizer):
             muon_weight_decay: Muon's decoupled weight decay.
             momentum: Muon's Nesterov momentum.
         """
-        groups = list(params)
-        # Copies of the caller's groups (the defaults below are written into them); plain tensors are all AdamW's.
-        groups = [dict(group) for group in groups] if groups and isinstance(groups[0], dict) else [{"params": groups}]
-        for group in groups:
-            if group.get("muon"):
-                group.setdefault("lr", muon_lr)
-                group.setdefault("weight_decay", muon_weight_decay)
-        self._momentum = momentum
+        # Muon's defaults, for its groups alone (also those added later): AdamW's are every group's `defaults`.
+        self.muon_defaults = {"lr": muon_lr, "weight_decay": muon_weight_decay, "momentum": momentum}
         self._steppers: list[Optimizer] = []
-        super().__init__(groups, {"lr": lr, "weight_decay": weight_decay, "betas": betas, "muon": False})
+        super().__init__(params, {"lr": lr, "weight_decay": weight_decay, "betas": betas, "muon": False})
+
+    def add_param_group(self, param_group: dict[str, Any]) -> None:
+        if param_group.get("muon"):
+            params = param_group["params"]
+            param_group["params"] = params = [params] if isinstance(params, torch.Tensor) else list(params)
+            shapes = [tuple(p.shape) for p in params if p.ndim != 2]
+            if shapes:  # refused before the group is added: the optimizer stays as it was
+                raise ConfigError(
+                    f'MuonAdamW: the group {param_group.get("name", "")!r} marked "muon" holds parameters of shapes'
+                    f" {shapes}; Muon trains 2-D weight matrices only: put them in a group without the mark."
+                )
+            for key, value in self.muon_defaults.items():
+                param_group.setdefault(key, value)
+        super().add_param_group(param_group)
+        self._bind()
 
     def _bind(self) -> None:
         """torch's Muon and AdamW over this optimizer's own group dicts (a learning-rate schedule that sets a group's
         `lr` sets it for them) and its own state (what `state_dict` saves)."""
         muon = [group for group in self.param_groups if group["muon"]]
         adamw = [group for group in self.param_groups if not group["muon"]]
-        self._steppers = [*([Muon(muon, momentum=self._momentum)] if muon else []), *([AdamW(adamw)] if adamw else [])]
+        self._steppers = [*([Muon(muon)] if muon else []), *([AdamW(adamw)] if adamw else [])]
         for stepper in self._steppers:
             stepper.state = self.state
 
-    def add_param_group(self, param_group: dict[str, Any]) -> None:
-        super().add_param_group(param_group)
-        self._bind()  # also for a group added later (a fine-tuning callback unfreezing a backbone)
+    def __getstate__(self) -> dict[str, Any]:
+        return {**super().__getstate__(), "muon_defaults": self.muon_defaults}
 
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        super().load_state_dict(state_dict)  # new group dicts and a new state: bound again
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        # After a copy, a pickle, or `load_state_dict` (new group dicts and a new state): bound again.
+        super().__setstate__(state)
         self._bind()
 
     @torch.no_grad()
