@@ -11,9 +11,12 @@ import torch
 from torch import nn
 from torch.optim.lr_scheduler import LambdaLR
 
+from lightning_template.engine.cli import ProjectCLI
 from lightning_template.engine.errors import ConfigError
 from lightning_template.tasks.language_model.model import LanguageModel
 from lightning_template.tasks.language_model.muon import MuonAdamW
+
+from tests.conftest import ROOT
 
 INPUTS = torch.randint(0, 10, (4, 5), generator=torch.Generator().manual_seed(0))
 SETTINGS = {"lr": 0.01, "weight_decay": 0.1, "betas": (0.9, 0.99), "muon_lr": 0.02, "muon_weight_decay": 0.2}
@@ -132,13 +135,26 @@ def test_a_group_added_later_gets_its_optimizers_settings_and_a_refused_one_chan
     assert not any(torch.equal(a, b) for a, b in zip(frozen_until_now, now, strict=True))
 
 
-def test_the_language_model_gives_muon_the_blocks_weight_matrices_and_adamw_the_rest() -> None:
+def test_the_language_model_gives_muon_the_blocks_weight_matrices_and_any_other_optimizer_its_groups_as_before() -> (
+    None
+):
     model = LanguageModel(vocab_size=16, max_length=8, dim=8, depth=2, num_heads=2, optimizer=MuonAdamW)
     names = {id(p): name for name, p in model.named_parameters()}
-    grouped = {group["name"]: sorted(names[id(p)] for p in group["params"]) for group in model.parameter_groups()}
+    grouped = {group["name"]: [names[id(p)] for p in group["params"]] for group in model.parameter_groups()}
     linear = ("attn.qkv", "attn.proj", "mlp.0", "mlp.3")
-    assert grouped["hidden"] == sorted(f"net.blocks.{b}.{layer}.weight" for b in range(2) for layer in linear)
-    assert grouped["decay"] == ["net.embed.weight"]  # the output layer's too (tied)
+    hidden = [f"net.blocks.{b}.{layer}.weight" for b in range(2) for layer in linear]
+    assert grouped["hidden"] == hidden and grouped["decay"] == ["net.embed.weight"]  # the output layer's too (tied)
     assert sorted(name for group in grouped.values() for name in group) == sorted(names.values())  # each once
     optimizer = model.make_optimizer(model.parameter_groups())
     assert [(g["lr"], g["weight_decay"]) for g in optimizer.param_groups] == [(0.02, 0.1), (1e-3, 0.01), (1e-3, 0.0)]
+    # Under AdamW the matrices are one group, in the model's order: the checkpoints of AdamW runs resume.
+    model = LanguageModel(vocab_size=16, max_length=8, dim=8, depth=2, num_heads=2, optimizer=torch.optim.AdamW)
+    names = {id(p): name for name, p in model.named_parameters()}
+    grouped = {group["name"]: [names[id(p)] for p in group["params"]] for group in model.parameter_groups()}
+    assert list(grouped) == ["decay", "no_decay"] and grouped["decay"] == ["net.embed.weight", *hidden]
+
+
+def test_the_shipped_job_gives_muon_its_group() -> None:
+    """Through the CLI, which hands the model its optimizer as a partial of its own, not of the class."""
+    cli = ProjectCLI(args=[f"--config={ROOT / 'configs/language_model.yaml'}"], run=False)
+    assert [g["name"] for g in cli.model.parameter_groups()] == ["hidden", "decay", "no_decay"]

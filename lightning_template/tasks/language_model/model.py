@@ -33,6 +33,7 @@ from lightning_template.engine.optim import (
 from lightning_template.engine.sampling import derive_seed, global_seed
 from lightning_template.tasks.classification.models.transformer import Block
 from lightning_template.tasks.language_model.data import Prompt
+from lightning_template.tasks.language_model.muon import MuonAdamW
 
 LN2 = math.log(2)
 
@@ -184,16 +185,20 @@ class LanguageModel(LightningModule):
         return [{"prompt": text, "generated": vocabulary.decode(generated)} for text, generated in outputs]
 
     def parameter_groups(self) -> list[dict[str, Any]]:
-        """The blocks' weight matrices (marked "muon": Muon's under MuonAdamW, any other optimizer ignores the
-        mark), the token embedding (also the output layer), and what is not decayed: norms, biases, positions."""
+        """The weight matrices (decayed), and what is not decayed: norms, biases, positions. Under MuonAdamW the
+        blocks' matrices are a group of their own, marked for Muon; under any other optimizer they share the token
+        embedding's group, as in the checkpoints of this model trained by one (their optimizer states resume)."""
+        factory = optimizer_from_spec(self.hparams["optimizer"])  # a partial of its class, as checkpoints hold it
+        optimizer_class = getattr(factory, "func", factory)
+        muon = isinstance(optimizer_class, type) and issubclass(optimizer_class, MuonAdamW)
         groups: dict[str, list[nn.Parameter]] = {"hidden": [], "decay": [], "no_decay": []}
         for name, parameter in self.named_parameters():
             if parameter.ndim < 2 or parameter is self.net.pos_embed:
                 groups["no_decay"].append(parameter)
             else:
-                groups["hidden" if name.startswith("net.blocks.") else "decay"].append(parameter)
+                groups["hidden" if muon and name.startswith("net.blocks.") else "decay"].append(parameter)
         return [
-            {"params": groups["hidden"], "name": "hidden", "muon": True},
+            *([{"params": groups["hidden"], "name": "hidden", "muon": True}] if muon else []),
             {"params": groups["decay"], "name": "decay"},
             {"params": groups["no_decay"], "name": "no_decay", "weight_decay": 0.0},
         ]
