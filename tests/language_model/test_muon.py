@@ -154,6 +154,7 @@ def test_the_language_model_gives_muon_the_blocks_weight_matrices_and_any_other_
     assert list(grouped) == ["decay", "no_decay"] and grouped["decay"] == ["net.embed.weight", *hidden]
 
 
+@pytest.mark.slow
 def test_the_shipped_job_gives_muon_its_group() -> None:
     """Through the CLI, which hands the model its optimizer as a partial of its own, not of the class."""
     cli = ProjectCLI(args=[f"--config={ROOT / 'configs/language_model.yaml'}"], run=False)
