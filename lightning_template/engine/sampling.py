@@ -50,7 +50,7 @@ def seed_host(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed % 2**32)
     # Not torch.manual_seed: while CUDA is not initialized (every CPU run) it records a stack trace per call for a
-    # deferred CUDA seeding, about 2 ms per training step on a small CPU. The same states, without that.
+    # deferred CUDA seeding, which costs more than a small training step. The same states, without that.
     torch.default_generator.manual_seed(seed)
 
 

@@ -133,7 +133,7 @@ class ClassificationModule(LightningModule):
         # Counted into train_acc at the epoch's end, all at once: a metric's update costs as much as a small step.
         self.train_predictions.append((logits.detach().argmax(dim=-1), targets))
         # Only in the steps whose values Lightning writes (every `log_every_n_steps`) and the epoch's last (the
-        # console's epoch line): each `self.log` call costs about 0.3 ms on a CPU, as much as a small step.
+        # console's epoch line): each `self.log` call costs as much as a small step.
         if self.trainer.is_last_batch or logs_this_step(self.trainer):
             self.log("train_loss", loss, prog_bar=True)
         if self.trainer.is_last_batch:
@@ -141,7 +141,7 @@ class ClassificationModule(LightningModule):
             self.train_predictions.clear()
             self.train_acc.update(torch.cat(predicted), torch.cat(labels))
             # Logged once per epoch (Lightning computes, syncs across ranks and resets the metric at the epoch's
-            # end): handing the metric to `self.log` in every step costs about 1 ms per step on a CPU. Logged in
+            # end): handing the metric to `self.log` in every step costs more than a small step. Logged in
             # the last step, not in on_train_epoch_end, which runs after the callbacks' (the console's epoch line).
             self.log("train_acc", self.train_acc, on_step=False, on_epoch=True)
         return loss
