@@ -11,7 +11,6 @@ from pathlib import Path
 
 import torch
 from lightning import Callback, Trainer
-from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 
 class StopAfterEpoch(Callback):
@@ -53,12 +52,20 @@ def same_state(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool:
     return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
+def read_events(event_file: Path):
+    """One TensorBoard event file, read (tensorboard's reader is imported here: most test processes never need it)."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    accumulator = EventAccumulator(str(event_file))
+    accumulator.Reload()
+    return accumulator
+
+
 def event_tags(log_dir: Path, kind: str = "scalars") -> set[str]:
     """Tags of `kind` (scalars, images, tensors, hparams) in every TensorBoard event file of a run."""
     tags: set[str] = set()
     for event_file in log_dir.glob("events.out.tfevents.*"):
-        accumulator = EventAccumulator(str(event_file))
-        accumulator.Reload()
+        accumulator = read_events(event_file)
         if kind == "hparams":
             with contextlib.suppress(KeyError):  # only the file with the hparams summary has the plugin
                 tags |= set(accumulator.PluginTagToContent("hparams"))
@@ -70,8 +77,7 @@ def event_tags(log_dir: Path, kind: str = "scalars") -> set[str]:
 def scalar_steps(event_files: list[Path], tag: str) -> list[int]:
     steps = []
     for event_file in event_files:
-        accumulator = EventAccumulator(str(event_file))
-        accumulator.Reload()
+        accumulator = read_events(event_file)
         if tag in accumulator.Tags()["scalars"]:
             steps += [event.step for event in accumulator.Scalars(tag)]
     return steps

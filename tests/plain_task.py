@@ -20,9 +20,11 @@ FASHION_MNIST = Path("/usr/share/datasets/fashion-mnist")
 
 
 def read_images(split: str, count: int) -> torch.Tensor:
+    """The first `count` images of a split: only they are decompressed, not the whole file."""
     with gzip.open(FASHION_MNIST / f"{split}-images-idx3-ubyte.gz") as f:
-        data = np.frombuffer(f.read(), dtype=np.uint8, offset=16)
-    return torch.from_numpy(data.reshape(-1, 28, 28)[:count].copy())
+        f.read(16)  # the IDX header: magic number and three sizes
+        data = np.frombuffer(f.read(count * 28 * 28), dtype=np.uint8)
+    return torch.from_numpy(data.reshape(-1, 28, 28).copy())
 
 
 class InkDataset(Dataset):

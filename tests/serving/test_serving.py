@@ -20,10 +20,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import requests
-import schemathesis
 import torch
-from hypothesis import HealthCheck, Phase, given, settings
-from hypothesis import strategies as st
 from PIL import Image
 
 from lightning_template.serving.backends import load_backend
@@ -302,6 +299,11 @@ def test_a_signal_to_serve_py_alone_stops_every_process(signum: int, as_pid_1: b
 
 def _fuzz(url: str, examples: int) -> Counter:
     """Requests generated from the server's OpenAPI schema (valid and invalid ones), statuses counted by kind."""
+    # Imported here: at collection, every test process would import them for the one slow test that uses them.
+    import schemathesis
+    from hypothesis import HealthCheck, Phase, given, settings
+    from hypothesis import strategies as st
+
     schema = schemathesis.openapi.from_url(f"{url}/openapi.json", timeout=30)
     statuses: Counter = Counter()
 

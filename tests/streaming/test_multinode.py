@@ -17,14 +17,13 @@ from pathlib import Path
 
 import pytest
 import torch
-from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from lightning_template.streaming import StreamingImageDataModule
 from lightning_template.tasks.classification import FashionMNISTDataModule
 
 from convert import convert
 from tests.conftest import ROOT, run_cli
-from tests.helpers import free_port, max_difference
+from tests.helpers import free_port, max_difference, read_events
 
 # 3 classes, about 300 validation images (an odd count: padding to equal shards would repeat one).
 STREAMING = "lightning_template.streaming.StreamingImageDataModule"
@@ -113,8 +112,7 @@ def test_torchrun_two_nodes_train_on_shards_and_write_one_run(torchrun_job, stre
     )  # fmt: skip
     logged = []  # the run's event files (the summary written after fit is a file of its own)
     for event_file in checkpoints.parent.glob("events.out.tfevents.*"):
-        events = EventAccumulator(str(event_file))
-        events.Reload()
+        events = read_events(event_file)
         logged += events.Scalars("val_acc") if "val_acc" in events.Tags()["scalars"] else []
     two_nodes = max(logged, key=lambda event: event.step).value  # the last validation: the weights of last.ckpt
     one_process = float(re.search(r"val_acc\D+([0-9.]+)", single.stdout).group(1))

@@ -21,7 +21,6 @@ import time
 from pathlib import Path
 
 import yaml
-from copier import run_copy
 
 from tests.conftest import ROOT
 
@@ -68,8 +67,10 @@ def commit_tree(source: Path, repo: Path) -> Path:
     return repo
 
 
-def make_project(template: Path, dest: Path, answers: dict) -> Path:
-    run_copy(str(template), dest, data=answers, defaults=True, unsafe=True, vcs_ref="HEAD", quiet=True)
+def make_project(template: Path, dest: Path, answers: dict, **options) -> Path:
+    from copier import run_copy  # Copier where it is used: at collection every test process would import it
+
+    run_copy(str(template), dest, data=answers, defaults=True, unsafe=True, vcs_ref="HEAD", quiet=True, **options)
     return dest
 
 

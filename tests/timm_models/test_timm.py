@@ -11,11 +11,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import timm
 import torch
 from huggingface_hub import constants
 from lightning import Callback, Trainer, seed_everything
-from timm.models import load_state_dict
 
 from lightning_template.engine import ExactResume, ResumeCheckpoint
 from lightning_template.engine.cli import ProjectCLI
@@ -47,6 +45,13 @@ def timm_kwargs(backbone: str) -> dict[str, Any]:
     options = FAMILIES[backbone]
     kwargs = dict(options.get("model_kwargs", {}), num_classes=len(CLASSES), in_chans=1)
     return kwargs | ({"img_size": 32} if backbone.startswith("vit") else {})
+
+
+def read_by_timm(file: Path) -> dict[str, torch.Tensor]:
+    """A weights file's tensors as timm's own loader reads them."""
+    from timm.models import load_state_dict  # timm where it is used: at collection every test process would import it
+
+    return load_state_dict(str(file))
 
 
 def model_of(backbone: str, weights: str | None) -> TimmClassifier:
@@ -100,7 +105,9 @@ def test_loads_the_file_timm_saved_as_timm_loads_it(backbone: str, timm_files: P
     it (a ViT's patch and position embeddings resampled to patches of 8 px on 32 px images); the first layer summed
     over RGB for gray input (before timm's resampling, where timm sums after it: equal up to rounding)."""
     folder = saved_by_timm(backbone, timm_files)
-    file = load_state_dict(str(folder / "model.safetensors"))
+    import timm
+
+    file = read_by_timm(folder / "model.safetensors")
     reference = timm.create_model(
         backbone, pretrained=True, pretrained_cfg_overlay={"file": str(folder / "model.safetensors")},
         **timm_kwargs(backbone),
@@ -162,7 +169,7 @@ def test_a_file_of_another_architecture_is_refused_naming_its_keys(timm_files: P
     missing = r"does not fit timm's resnet14t \(Missing key\(s\) in state_dict: \"layer1\.0\.conv3\.weight\""
     with pytest.raises(WeightsError, match=missing):
         TimmClassifier(backbone="resnet14t", weights=str(folder / "model.safetensors"))
-    assert read_weights(folder).keys() == load_state_dict(str(folder / "model.safetensors")).keys()  # save_for_hf's
+    assert read_weights(folder).keys() == read_by_timm(folder / "model.safetensors").keys()  # save_for_hf's
     with pytest.raises(WeightsError, match="no such file, nor timm or pretrained"):
         TimmClassifier(backbone="resnet10t", weights="IMAGENET1K_V1")
     with pytest.raises(ValueError, match=r"--model.backbone convnext_atom: not a timm model\. Did you mean convnext"):
@@ -189,7 +196,7 @@ def test_the_pretrained_tag_offline_fails_in_one_line_and_uses_the_cache(
     (snapshot.parents[1] / "refs").mkdir()
     (snapshot.parents[1] / "refs" / "main").write_text("0" * 40)
     net = TimmClassifier(backbone="resnet10t", weights="pretrained").net
-    file = load_state_dict(str(snapshot / "model.safetensors"))
+    file = read_by_timm(snapshot / "model.safetensors")
     assert torch.equal(net.model.layer4[0].conv2.weight, file["layer4.0.conv2.weight"])
 
 
