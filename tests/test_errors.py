@@ -15,6 +15,7 @@ from PIL import Image
 
 from lightning_template.engine import ExactResume, FiniteLossGuard, NonFiniteLossError, ResumeCheckpoint
 from lightning_template.engine.cli import ProjectCLI
+from lightning_template.engine.finite_loss import all_finite
 from lightning_template.tasks.classification import FashionMNISTDataModule, ResNetClassifier, SimpleCNN
 from lightning_template.tasks.classification.data.idx import ALL_FILES
 from lightning_template.tasks.classification.data.image_folder import CorruptImageError, load_rgb
@@ -204,6 +205,37 @@ def test_a_loss_of_one_element_in_any_shape_is_guarded(quick_trainer, nan: bool)
     else:
         trainer.fit(OneElementLoss())
         assert trainer.global_step == 4
+
+
+def test_an_infinite_gradient_of_a_finite_loss_stops_before_the_step(quick_trainer) -> None:
+    from lightning.pytorch.demos.boring_classes import BoringModel
+
+    class InfiniteGradient(BoringModel):
+        def on_after_backward(self) -> None:
+            if self.trainer.global_step == 2:
+                self.layer.bias.grad[1] = float("-inf")
+
+    model = InfiniteGradient()
+    trainer = quick_trainer(callbacks=[FiniteLossGuard()])
+    with pytest.raises(NonFiniteLossError, match=r"A gradient became non-finite \(the loss was finite\) in epoch 0"):
+        trainer.fit(model)
+    assert trainer.global_step == 2 and torch.isfinite(model.layer.bias).all()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.float64])
+def test_the_finiteness_check_finds_each_nan_or_inf_and_leaves_the_tensors_as_they_were(dtype) -> None:
+    generator = torch.Generator().manual_seed(0)
+    tensors = [torch.randn(6, 5, generator=generator).to(dtype).t(), torch.randn(7, generator=generator)]
+    tensors.append(torch.tensor(3.0))  # a loss
+    tensors[1][2] = 1e-40  # a subnormal float32: kept, bit for bit
+    before = [t.clone() for t in tensors]
+    assert all_finite(tensors)
+    assert all(torch.equal(t, b) and t.dtype == b.dtype for t, b in zip(tensors, before, strict=True))
+    for which, index in ((0, (4, 1)), (1, 6), (2, ())):
+        for bad in (float("nan"), float("inf"), float("-inf")):
+            spoiled = [t.clone() for t in tensors]
+            spoiled[which][index] = bad
+            assert not all_finite(spoiled), (which, bad)
 
 
 def test_a_16_bit_image_is_scaled_not_clipped_and_a_float_one_is_named(tmp_path: Path) -> None:

@@ -10,6 +10,7 @@ import pytest
 from lightning import Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint, WeightAveraging
 from lightning.pytorch.cli import LightningCLI
+from lightning.pytorch.trainer import call
 
 from lightning_template.engine import lightning_internals
 
@@ -20,6 +21,7 @@ def owner(name: str) -> object:
         "ModelCheckpoint": ModelCheckpoint,
         "WeightAveraging": WeightAveraging,
         "LightningCLI": lambda: LightningCLI,
+        "call": lambda: call,
     }[name]()
 
 

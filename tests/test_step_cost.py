@@ -8,9 +8,14 @@ import time
 
 import pytest
 import torch
+from lightning import Callback, Trainer
+from lightning.pytorch.callbacks import Checkpoint
+from lightning.pytorch.demos.boring_classes import BoringModel
 from lightning.pytorch.profilers import PassThroughProfiler
+from lightning.pytorch.trainer import call
 
 from lightning_template.engine.cli import ProjectCLI
+from lightning_template.engine.lightning_internals import skip_idle_hooks
 from lightning_template.engine.resume import seed_all
 from lightning_template.tasks.classification import FashionMNISTDataModule, SimpleCNN
 
@@ -88,3 +93,62 @@ def test_hook_calls_pay_no_profiler_unless_one_is_chosen(tmp_path, monkeypatch, 
     with caplog.at_level(logging.INFO):  # where Lightning writes its report
         ProjectCLI(args=[*args, "--trainer.profiler=simple"])
     assert "FIT Profiler Report" in caplog.text
+
+
+HOOKS = sorted(name for name in vars(Callback) if name.startswith("on_"))
+
+
+class Recorder(Callback):
+    """Records each of its hooks that Lightning calls, with the module's `_current_fx_name` at that moment."""
+
+    def __init__(self, calls: list[tuple[str, ...]]) -> None:
+        self.calls = calls
+
+
+for _name in HOOKS:
+    setattr(Recorder, _name, lambda self, trainer, module, *args, _hook=_name, **kwargs: self.calls.append(
+        (type(self).__name__, _hook, module._current_fx_name)
+    ))  # fmt: skip
+
+
+class MonitoringRecorder(Recorder, Checkpoint):  # Lightning calls the checkpoints' epoch ends after the others'
+    pass
+
+
+def _hook_calls(trainer: Trainer, monkeypatch: pytest.MonkeyPatch) -> tuple[list[tuple[str, ...]], int]:
+    """Every hook call of fit, validate, test and predict, and how often `Callback.on_train_batch_end` (the hook of
+    a callback that does not override it: nothing) was called."""
+    idle_calls = []
+    monkeypatch.setattr(Callback, "on_train_batch_end", lambda *args, **kwargs: idle_calls.append(1))
+    calls: list[tuple[str, ...]] = []
+    instance_hook = Callback()  # a hook set on the instance, not the class, is called too
+    instance_hook.on_validation_end = lambda trainer, module: calls.append(("instance", "on_validation_end"))
+    trainer.callbacks = [MonitoringRecorder(calls), Recorder(calls), instance_hook, Callback(), *trainer.callbacks]
+    model = BoringModel()
+    trainer.fit(model)
+    for run in (trainer.validate, trainer.test, trainer.predict):
+        run(model, verbose=False) if run != trainer.predict else run(model)
+    return calls, len(idle_calls)
+
+
+def test_callbacks_get_lightnings_hook_calls_but_the_idle_ones(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where a run chose no profiler, a hook that a callback does not override (Lightning's own does nothing) is not
+    called: every other call is Lightning's, in its order, with the same `_current_fx_name`; with a profiler,
+    Lightning's dispatch."""
+    monkeypatch.setattr(call, "_call_callback_hooks", call._call_callback_hooks)  # restored after the test
+
+    def trainer() -> Trainer:
+        return Trainer(max_epochs=2, limit_train_batches=3, limit_val_batches=2, limit_test_batches=2,
+                       limit_predict_batches=2, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                       enable_model_summary=False)  # fmt: skip
+
+    lightnings, lightnings_idle = _hook_calls(trainer(), monkeypatch)
+    ours = trainer()
+    skip_idle_hooks(ours)
+    skipped, skipped_idle = _hook_calls(ours, monkeypatch)
+    assert skipped == lightnings and len({hook for _, hook, *_ in lightnings}) > 30
+    assert lightnings_idle == 2 * 3 * 2 and skipped_idle == 0  # 2 idle callbacks (a plain one, the instance's)
+    profiled = Trainer(profiler="simple", max_epochs=1, limit_train_batches=3, limit_val_batches=0, logger=False,
+                       enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)  # fmt: skip
+    skip_idle_hooks(profiled)
+    assert _hook_calls(profiled, monkeypatch)[1] > 0

@@ -34,7 +34,6 @@ from lightning.pytorch.callbacks import (
 )
 from lightning.pytorch.cli import LightningArgumentParser
 from lightning.pytorch.loggers import TensorBoardLogger
-from lightning.pytorch.profilers import PassThroughProfiler
 from lightning.pytorch.utilities import rank_zero_info
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
@@ -52,9 +51,9 @@ from lightning_template.engine.errors import ConfigError, MissingFileError, Proj
 from lightning_template.engine.finite_loss import FiniteLossGuard
 from lightning_template.engine.lightning_internals import (
     CLIHooks,
-    HooksUnprofiled,
     add_datamodule_hook,
     datamodules_named_by_class,
+    skip_idle_hooks,
     subcommand_parser,
 )
 from lightning_template.engine.monitor import BestCheckpoint, EarlyStop, MonitoredMetrics, monitoring_off
@@ -407,8 +406,7 @@ class ProjectCLI(CLIHooks):
         trainer.callbacks = [callback for callback in trainer.callbacks if not monitoring_off(callback)]
         if self.config.get("subcommand") in ("fit", "validate", "test"):  # Lightning calls it in every hook
             trainer.callbacks = [c for c in trainer.callbacks if not isinstance(c, CSVPredictionWriter)]
-        if type(trainer.profiler) is PassThroughProfiler:
-            trainer.profiler = HooksUnprofiled()
+        skip_idle_hooks(trainer)
         return trainer
 
     def _restore_datamodule(self, datamodule: LightningDataModule) -> None:

@@ -45,9 +45,7 @@ class EpochLines(ProgressBar):
     ) -> None:
         loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
         if loss is not None:  # summed on the device: no synchronization per step
-            # Lightning hands over the loss divided by the accumulation count (what it back-propagates): undone.
-            loss = loss.detach() * trainer.accumulate_grad_batches
-            self._loss_sum, self._batches = self._loss_sum + loss, self._batches + 1
+            self._loss_sum, self._batches = self._loss_sum + loss.detach(), self._batches + 1
 
     def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         if not self._enabled or not trainer.is_global_zero:
@@ -58,7 +56,8 @@ class EpochLines(ProgressBar):
             if value.numel() == 1 and not name.endswith("_step") and not name.startswith("lr-")
         }
         if self._batches:  # the epoch's mean, not the last batch's value that train_loss holds
-            metrics["train_loss"] = float(self._loss_sum / self._batches)
+            # Lightning hands over the loss divided by the accumulation count (what it back-propagates): undone.
+            metrics["train_loss"] = float(self._loss_sum / self._batches) * trainer.accumulate_grad_batches
         if trainer.optimizers:  # the first param group's rate (the monitor logs every group's)
             metrics["lr"] = trainer.optimizers[0].param_groups[0]["lr"]
         shown = "  ".join(f"{name} {value:.4g}" for name, value in metrics.items())

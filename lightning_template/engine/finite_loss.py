@@ -9,6 +9,7 @@ scaler skips that step itself, so only a loss that stays non-finite stops the ru
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import torch
@@ -34,6 +35,25 @@ class NonFiniteLossError(ProjectError, FloatingPointError):
 
 def _grad_scaler(trainer: Trainer) -> Any:
     return getattr(trainer.precision_plugin, "scaler", None)
+
+
+def all_finite(tensors: list[torch.Tensor]) -> bool:
+    """Whether no element of `tensors` is NaN or infinite, read once per device: torch's own check of gradients for
+    fp16 loss scaling (GradScaler's), one pass over the tensors, which a scale of 1 leaves as they are."""
+    by_kind: dict[tuple[torch.device, torch.dtype], list[torch.Tensor]] = {}
+    for tensor in tensors:
+        by_kind.setdefault((tensor.device, tensor.dtype), []).append(tensor)
+    found: dict[torch.device, torch.Tensor] = {}
+    for (device, _), group in by_kind.items():
+        if device not in found:
+            found[device] = torch.zeros(1, device=device)
+        torch._amp_foreach_non_finite_check_and_unscale_(group, found[device], _unit_scale(device))
+    return not any(flag.item() for flag in found.values())
+
+
+@functools.cache
+def _unit_scale(device: torch.device) -> torch.Tensor:
+    return torch.ones(1, device=device)
 
 
 class FiniteLossGuard(Callback):
@@ -69,10 +89,8 @@ class FiniteLossGuard(Callback):
             return  # the scaler has checked the gradients and skips the step itself
         losses, self.losses = self.losses, []
         grads = [p.grad for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
-        # Every loss and gradient norm (non-finite if any element is) in one tensor (stack promotes their dtypes),
-        # read once. A loss may have one element in any shape (`[1]` backpropagates as a scalar does).
-        values = [*(loss.reshape(()) for loss, _ in losses), *(torch._foreach_norm(grads) if grads else ())]
-        finite = not values or bool(torch.stack(values).isfinite().all().item())
+        # Copies of the losses: the check writes back what it reads, and a loss may be saved in a retained graph.
+        finite = all_finite([loss.clone() for loss, _ in losses] + grads)
         if trainer.world_size > 1:  # every rank stops together, also when only one rank's loss is non-finite
             finite = trainer.strategy.reduce_boolean_decision(finite, all=True)
         if finite:

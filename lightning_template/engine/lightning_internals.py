@@ -12,10 +12,11 @@ import functools
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from lightning import LightningDataModule, Trainer
-from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning import Callback, LightningDataModule, Trainer
+from lightning.pytorch.callbacks import Checkpoint, EarlyStopping, ModelCheckpoint
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, _InstantiatorFn
 from lightning.pytorch.profilers import PassThroughProfiler
+from lightning.pytorch.trainer import call
 from lightning.pytorch.utilities.model_summary.model_summary import _format_summary_table
 
 # (owner, dotted attribute): what the functions below read or call.
@@ -47,6 +48,7 @@ USED = (
     ("WeightAveraging", "_average_model"),
     ("LightningCLI", "_parse_ckpt_path"),
     ("LightningCLI", "_parser"),
+    ("call", "_call_callback_hooks"),
 )
 
 
@@ -263,9 +265,9 @@ def datamodules_named_by_class() -> Iterator[None]:
         LightningDataModule.__str__ = describe  # type: ignore[method-assign]
 
 
-# Lightning calls every hook of every callback through `profiler.profile(f"[Callback]{callback.state_key}...")`,
-# whatever the profiler, about a hundred calls in each training step of a run with the engine's and a task's
-# callbacks. What follows makes those calls cost what the hooks themselves cost.
+# Lightning calls every hook of every callback, through `profiler.profile(f"[Callback]{callback.state_key}...")`
+# whatever the profiler: about 80 calls in each training step of a run with the engine's and a task's callbacks, of
+# which fewer than ten do anything. Where the run chose no profiler, what follows calls only those.
 
 
 class StateKeyOnce:
@@ -279,8 +281,46 @@ class StateKeyOnce:
 
 class HooksUnprofiled(PassThroughProfiler):
     """Lightning's default profiler (it records nothing), without the context manager it still makes for every
-    hook call (a generator each time, which costs more than most hooks). Set by the CLI only where the run chose no
-    profiler: `--trainer.profiler simple` keeps Lightning's."""
+    hook call (a generator each time, which costs more than most hooks)."""
 
     def profile(self, action_name: str) -> contextlib.AbstractContextManager:
         return contextlib.nullcontext()
+
+
+_call_every_callback_hook = call._call_callback_hooks
+
+
+def _call_callback_hooks(
+    trainer: Trainer, hook_name: str, *args: Any, monitoring_callbacks: bool | None = None, **kwargs: Any
+) -> None:
+    """Lightning's own dispatch of a callback hook, except that a callback whose hook is `Callback`'s (which does
+    nothing) is not called: the same calls in the same order, with the module's `_current_fx_name` set as
+    Lightning sets it. Lightning's own where the run profiles (any other profiler)."""
+    if not isinstance(trainer.profiler, HooksUnprofiled):
+        return _call_every_callback_hook(trainer, hook_name, *args, monitoring_callbacks=monitoring_callbacks, **kwargs)
+    idle = getattr(Callback, hook_name, None)
+    hooks = [
+        hook
+        for callback in trainer.callbacks
+        if monitoring_callbacks is None or isinstance(callback, (EarlyStopping, Checkpoint)) == monitoring_callbacks
+        if callable(hook := getattr(callback, hook_name)) and getattr(hook, "__func__", None) is not idle
+    ]
+    if not hooks:
+        return None
+    pl_module = trainer.lightning_module
+    if pl_module:
+        outer, pl_module._current_fx_name = pl_module._current_fx_name, hook_name
+    for hook in hooks:
+        hook(trainer, trainer.lightning_module, *args, **kwargs)
+    if pl_module:
+        pl_module._current_fx_name = outer
+    return None
+
+
+def skip_idle_hooks(trainer: Trainer) -> None:
+    """Where the run chose no profiler (Lightning's default, which records nothing), hook calls that cost what the
+    hooks themselves cost: `--trainer.profiler simple` keeps Lightning's profiler and its dispatch. Installed for
+    the process; a Trainer with any other profiler is served by Lightning's own dispatch."""
+    if type(trainer.profiler) is PassThroughProfiler:
+        trainer.profiler = HooksUnprofiled()
+        call._call_callback_hooks = _call_callback_hooks
