@@ -52,7 +52,9 @@ def test_every_job_config_is_a_short_delta_that_trains_a_few_steps(
     assert len(text.splitlines()) <= 25 and not [word for word in SHARED if word in text]
     monkeypatch.chdir(tmp_path)
     flags = offline_flags(str(config.relative_to(ROOT)), offline_inputs, request)
-    cli = ProjectCLI(args=["--config", str(config), *flags, "--trainer.fast_dev_run=2"], run=False)
+    # Batches of 8: the job at its own batch size is make matrix's to run (each job stopped and resumed).
+    args = ["--config", str(config), *flags, "--trainer.fast_dev_run=2", "--data.batch_size=8"]
+    cli = ProjectCLI(args=args, run=False)
     # facts of the data are linked into the model, not typed twice
     linked = [name for name in DATA_FACTS if hasattr(cli.datamodule, name) and name in cli.model.hparams]
     assert linked and all(cli.model.hparams[name] == getattr(cli.datamodule, name) for name in linked)

@@ -28,7 +28,7 @@ from lightning_template.tasks.classification import (
 )
 from lightning_template.tasks.classification.data.contract import ClassificationData, ImageData, TextData
 from lightning_template.tasks.classification.data.files import DatasetNotFoundError
-from lightning_template.tasks.classification.data.idx import ALL_FILES, read_idx
+from lightning_template.tasks.classification.data.idx import ALL_FILES, _decoded, read_idx
 from lightning_template.tasks.classification.data.in_memory import random_crop_flip
 from lightning_template.tasks.classification.data.text import BucketSampler
 
@@ -135,6 +135,10 @@ class TestResolutionOrder:
         assert read_idx(labels).tolist() == list(values)
         shutil.copy2(second, labels)  # a new copy with the same size and modification time (`cp -p`)
         assert read_idx(labels).tolist() == [9 - v for v in values]
+        link = tmp_path / "link-idx1-ubyte"  # a link to it: the same file, decoded already
+        link.symlink_to(labels)
+        decoded = _decoded.cache_info().misses
+        assert read_idx(link).tolist() == [9 - v for v in values] and _decoded.cache_info().misses == decoded
         labels.write_bytes(labels.read_bytes()[:-1])
         with pytest.raises(ConfigError, match="t10k-labels-idx1-ubyte: truncated or corrupt"):
             read_idx(labels)

@@ -36,7 +36,9 @@ def read_idx(path: Path) -> torch.Tensor:
     """Parse an (optionally gzipped) IDX file of unsigned bytes into a uint8 tensor (a copy of its own)."""
     try:
         stat = path.stat()
-        return _decoded(path, (stat.st_ino, stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns)).clone()
+        # By the file a link points to: a folder of links to another copy shares that copy's decoded tensors.
+        version = (stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns)
+        return _decoded(path.resolve(), version).clone()
     except (OSError, EOFError) as err:
         raise ConfigError(f"{path}: cannot be read ({err}). Delete it and run again to fetch a fresh copy.") from err
 
@@ -45,7 +47,7 @@ def read_idx(path: Path) -> torch.Tensor:
 # images takes longer than building a network: each version of a file is decoded once. A copy that keeps the
 # modification time (`cp -p`) is still another version: its inode or its change time (which no copy keeps) differs.
 @functools.lru_cache(maxsize=len(ALL_FILES))
-def _decoded(path: Path, version: tuple[int, int, int, int]) -> torch.Tensor:
+def _decoded(path: Path, version: tuple[int, ...]) -> torch.Tensor:
     with (gzip.open if path.suffix == ".gz" else open)(path, "rb") as f:
         data = f.read()
     if len(data) < 4 or data[0] != 0 or data[1] != 0 or data[2] != 0x08:
