@@ -143,6 +143,17 @@ class TestResolutionOrder:
         with pytest.raises(ConfigError, match="t10k-labels-idx1-ubyte: truncated or corrupt"):
             read_idx(labels)
 
+    def test_a_link_is_read_as_its_name_says_and_named_in_errors(self, tmp_path: Path) -> None:
+        """A cache of blobs without suffixes (Hugging Face's, DVC's) linked under the dataset's names."""
+        blob, values = tmp_path / "blob", bytes(range(7))
+        blob.write_bytes(gzip.compress(bytes([0, 0, 8, 1, 0, 0, 0, 7]) + values))
+        link = tmp_path / "t10k-labels-idx1-ubyte.gz"
+        link.symlink_to(blob)
+        assert read_idx(link).tolist() == list(values)
+        blob.write_bytes(gzip.compress(bytes([0, 0, 8, 1, 0, 0, 0, 9]) + values))
+        with pytest.raises(ConfigError, match=r"t10k-labels-idx1-ubyte\.gz: truncated or corrupt \(15 bytes"):
+            read_idx(link)
+
     def test_system_copy_when_data_dir_is_empty(self, tmp_path: Path, fashion_mnist_dir: Path, offline) -> None:
         dm = FashionMNISTDataModule(data_dir=str(tmp_path))
         assert dm.resolve_files() == fashion_mnist_dir

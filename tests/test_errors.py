@@ -15,7 +15,7 @@ from PIL import Image
 
 from lightning_template.engine import ExactResume, FiniteLossGuard, NonFiniteLossError, ResumeCheckpoint
 from lightning_template.engine.cli import ProjectCLI
-from lightning_template.engine.finite_loss import all_finite
+from lightning_template.engine.finite_loss import _unit_scale, all_finite
 from lightning_template.tasks.classification import FashionMNISTDataModule, ResNetClassifier, SimpleCNN
 from lightning_template.tasks.classification.data.idx import ALL_FILES
 from lightning_template.tasks.classification.data.image_folder import CorruptImageError, load_rgb
@@ -222,19 +222,35 @@ def test_an_infinite_gradient_of_a_finite_loss_stops_before_the_step(quick_train
     assert trainer.global_step == 2 and torch.isfinite(model.layer.bias).all()
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.float64])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.float64, torch.complex64])
 def test_the_finiteness_check_finds_each_nan_or_inf_and_leaves_the_tensors_as_they_were(dtype) -> None:
     generator = torch.Generator().manual_seed(0)
-    tensors = [torch.randn(6, 5, generator=generator).to(dtype).t(), torch.randn(7, generator=generator)]
-    tensors.append(torch.tensor(3.0))  # a loss
+    gradient = torch.randn(6, 5, generator=generator).to(dtype).t()  # not contiguous
+    if dtype == torch.float64:
+        gradient[0, 0] = 1e300  # finite, beyond float32's range and any sum of squares
+    # An nn.Embedding(sparse=True)'s gradient:
+    sparse = torch.sparse_coo_tensor([[0, 3]], [1.0, 2.0], (5,), check_invariants=True)
+    tensors = [gradient, torch.randn(7, generator=generator), sparse, torch.tensor(3.0)]  # the last one: a loss
     tensors[1][2] = 1e-40  # a subnormal float32: kept, bit for bit
     before = [t.clone() for t in tensors]
-    assert all_finite(tensors)
-    assert all(torch.equal(t, b) and t.dtype == b.dtype for t, b in zip(tensors, before, strict=True))
-    for which, index in ((0, (4, 1)), (1, 6), (2, ())):
+    _unit_scale.cache_clear()
+    torch.set_default_dtype(
+        torch.float64
+    )  # as under `--trainer.precision 64-true`: the check's own tensors keep theirs
+    try:
+        assert all_finite(tensors)
+    finally:
+        torch.set_default_dtype(torch.float32)
+    assert all(
+        torch.equal(t.to_dense(), b.to_dense()) and t.dtype == b.dtype for t, b in zip(tensors, before, strict=True)
+    )
+    for which, index in ((0, (4, 1)), (1, 6), (2, None), (3, ())):
         for bad in (float("nan"), float("inf"), float("-inf")):
             spoiled = [t.clone() for t in tensors]
-            spoiled[which][index] = bad
+            if index is None:
+                spoiled[which] = torch.sparse_coo_tensor([[0, 3]], [1.0, bad], (5,), check_invariants=True)
+            else:
+                spoiled[which][index] = bad
             assert not all_finite(spoiled), (which, bad)
 
 

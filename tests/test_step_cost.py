@@ -95,7 +95,7 @@ def test_hook_calls_pay_no_profiler_unless_one_is_chosen(tmp_path, monkeypatch, 
     assert "FIT Profiler Report" in caplog.text
 
 
-HOOKS = sorted(name for name in vars(Callback) if name.startswith("on_"))
+HOOKS = sorted(name for name in vars(Callback) if name.startswith("on_") or name in ("setup", "teardown"))
 
 
 class Recorder(Callback):
@@ -115,6 +115,21 @@ class MonitoringRecorder(Recorder, Checkpoint):  # Lightning calls the checkpoin
     pass
 
 
+class LateRecorder(Recorder):
+    pass
+
+
+class AddsARecorder(Callback):
+    """Adds a recorder in its first `setup`: Lightning gives the new callback that hook too, and all after it."""
+
+    def __init__(self, calls: list[tuple[str, ...]]) -> None:
+        self.calls = calls
+
+    def setup(self, trainer: Trainer, pl_module, stage: str) -> None:
+        if not any(isinstance(c, LateRecorder) for c in trainer.callbacks):
+            trainer.callbacks.append(LateRecorder(self.calls))
+
+
 def _hook_calls(trainer: Trainer, monkeypatch: pytest.MonkeyPatch) -> tuple[list[tuple[str, ...]], int]:
     """Every hook call of fit, validate, test and predict, and how often `Callback.on_train_batch_end` (the hook of
     a callback that does not override it: nothing) was called."""
@@ -123,7 +138,9 @@ def _hook_calls(trainer: Trainer, monkeypatch: pytest.MonkeyPatch) -> tuple[list
     calls: list[tuple[str, ...]] = []
     instance_hook = Callback()  # a hook set on the instance, not the class, is called too
     instance_hook.on_validation_end = lambda trainer, module: calls.append(("instance", "on_validation_end"))
-    trainer.callbacks = [MonitoringRecorder(calls), Recorder(calls), instance_hook, Callback(), *trainer.callbacks]
+    trainer.callbacks = [
+        MonitoringRecorder(calls), Recorder(calls), AddsARecorder(calls), instance_hook, Callback(), *trainer.callbacks
+    ]  # fmt: skip
     model = BoringModel()
     trainer.fit(model)
     for run in (trainer.validate, trainer.test, trainer.predict):
@@ -147,7 +164,8 @@ def test_callbacks_get_lightnings_hook_calls_but_the_idle_ones(monkeypatch: pyte
     skip_idle_hooks(ours)
     skipped, skipped_idle = _hook_calls(ours, monkeypatch)
     assert skipped == lightnings and len({hook for _, hook, *_ in lightnings}) > 30
-    assert lightnings_idle == 2 * 3 * 2 and skipped_idle == 0  # 2 idle callbacks (a plain one, the instance's)
+    assert ("LateRecorder", "setup", "setup") in lightnings
+    assert lightnings_idle == 3 * 3 * 2 and skipped_idle == 0  # a plain callback, the instance hook's, the adder
     profiled = Trainer(profiler="simple", max_epochs=1, limit_train_batches=3, limit_val_batches=0, logger=False,
                        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)  # fmt: skip
     skip_idle_hooks(profiled)

@@ -45,7 +45,8 @@ class EpochLines(ProgressBar):
     ) -> None:
         loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
         if loss is not None:  # summed on the device: no synchronization per step
-            self._loss_sum, self._batches = self._loss_sum + loss.detach(), self._batches + 1
+            # Summed in float32: a bfloat16 sum stops growing after a few hundred batches.
+            self._loss_sum, self._batches = self._loss_sum + loss.detach().float(), self._batches + 1
 
     def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         if not self._enabled or not trainer.is_global_zero:

@@ -10,6 +10,7 @@ scaler skips that step itself, so only a loss that stays non-finite stops the ru
 from __future__ import annotations
 
 import functools
+import math
 from typing import Any
 
 import torch
@@ -37,23 +38,40 @@ def _grad_scaler(trainer: Trainer) -> Any:
     return getattr(trainer.precision_plugin, "scaler", None)
 
 
+# torch's fused check of gradients for fp16 loss scaling (GradScaler's), exact for these on every device: on CUDA it
+# has no bfloat16 kernel and reads float64 as float32.
+FUSED_DTYPES = (torch.float16, torch.float32)
+
+
 def all_finite(tensors: list[torch.Tensor]) -> bool:
-    """Whether no element of `tensors` is NaN or infinite, read once per device: torch's own check of gradients for
-    fp16 loss scaling (GradScaler's), one pass over the tensors, which a scale of 1 leaves as they are."""
-    by_kind: dict[tuple[torch.device, torch.dtype], list[torch.Tensor]] = {}
+    """Whether no element of `tensors` is NaN or infinite, read once per device. Float16 and float32 tensors go
+    through torch's fused check, which with a scale of 1 writes each value back as it was; other dtypes through
+    their largest magnitudes. Of a sharded tensor, this rank's part (the caller combines the ranks' verdicts)."""
+    fused: dict[tuple[torch.device, torch.dtype], list[torch.Tensor]] = {}
+    other: dict[torch.device, list[torch.Tensor]] = {}
     for tensor in tensors:
-        by_kind.setdefault((tensor.device, tensor.dtype), []).append(tensor)
+        if hasattr(tensor, "to_local"):  # a DTensor (FSDP2, tensor parallelism)
+            tensor = tensor.to_local()
+        if tensor.is_sparse:  # nn.Embedding(sparse=True)
+            tensor = tensor.coalesce().values()
+        if tensor.dtype in FUSED_DTYPES and type(tensor) is torch.Tensor:
+            fused.setdefault((tensor.device, tensor.dtype), []).append(tensor)
+        else:
+            other.setdefault(tensor.device, []).append(tensor)
     found: dict[torch.device, torch.Tensor] = {}
-    for (device, _), group in by_kind.items():
-        if device not in found:
-            found[device] = torch.zeros(1, device=device)
+    for device in {device for device, _ in fused} | set(other):
+        found[device] = torch.zeros(1, dtype=torch.float32, device=device)
+    for (device, _), group in fused.items():
         torch._amp_foreach_non_finite_check_and_unscale_(group, found[device], _unit_scale(device))
+    for device, group in other.items():
+        largest = torch._foreach_norm(group, ord=math.inf)  # the largest magnitude: no sum of squares to overflow
+        found[device] += torch.stack(largest).isfinite().all().logical_not()
     return not any(flag.item() for flag in found.values())
 
 
 @functools.cache
 def _unit_scale(device: torch.device) -> torch.Tensor:
-    return torch.ones(1, device=device)
+    return torch.ones(1, dtype=torch.float32, device=device)
 
 
 class FiniteLossGuard(Callback):

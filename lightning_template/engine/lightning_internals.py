@@ -299,19 +299,16 @@ def _call_callback_hooks(
     if not isinstance(trainer.profiler, HooksUnprofiled):
         return _call_every_callback_hook(trainer, hook_name, *args, monitoring_callbacks=monitoring_callbacks, **kwargs)
     idle = getattr(Callback, hook_name, None)
-    hooks = [
-        hook
-        for callback in trainer.callbacks
-        if monitoring_callbacks is None or isinstance(callback, (EarlyStopping, Checkpoint)) == monitoring_callbacks
-        if callable(hook := getattr(callback, hook_name)) and getattr(hook, "__func__", None) is not idle
-    ]
-    if not hooks:
-        return None
     pl_module = trainer.lightning_module
     if pl_module:
         outer, pl_module._current_fx_name = pl_module._current_fx_name, hook_name
-    for hook in hooks:
-        hook(trainer, trainer.lightning_module, *args, **kwargs)
+    callbacks = trainer.callbacks  # the live list, as Lightning walks it: a callback a hook adds gets its turn
+    if monitoring_callbacks is not None:
+        callbacks = [c for c in callbacks if isinstance(c, (EarlyStopping, Checkpoint)) == monitoring_callbacks]
+    for callback in callbacks:
+        hook = getattr(callback, hook_name)
+        if callable(hook) and getattr(hook, "__func__", None) is not idle:
+            hook(trainer, trainer.lightning_module, *args, **kwargs)
     if pl_module:
         pl_module._current_fx_name = outer
     return None

@@ -38,28 +38,29 @@ def read_idx(path: Path) -> torch.Tensor:
         stat = path.stat()
         # By the file a link points to: a folder of links to another copy shares that copy's decoded tensors.
         version = (stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns)
-        return _decoded(path.resolve(), version).clone()
+        return _decoded(path.resolve(), path.suffix == ".gz", version).clone()
     except (OSError, EOFError) as err:
         raise ConfigError(f"{path}: cannot be read ({err}). Delete it and run again to fetch a fresh copy.") from err
+    except ValueError as err:
+        raise ConfigError(f"{path}: {err}. Delete it and run again.") from None
 
 
 # Runs in one process (a search's trials, a test session) read the same files again, and unzipping the 60k training
 # images takes longer than building a network: each version of a file is decoded once. A copy that keeps the
 # modification time (`cp -p`) is still another version: its inode or its change time (which no copy keeps) differs.
 @functools.lru_cache(maxsize=len(ALL_FILES))
-def _decoded(path: Path, version: tuple[int, ...]) -> torch.Tensor:
-    with (gzip.open if path.suffix == ".gz" else open)(path, "rb") as f:
+def _decoded(path: Path, gzipped: bool, version: tuple[int, ...]) -> torch.Tensor:
+    """The tensor of an IDX file (gzipped or not: its name says, not the name of what a link points to)."""
+    with (gzip.open if gzipped else open)(path, "rb") as f:
         data = f.read()
     if len(data) < 4 or data[0] != 0 or data[1] != 0 or data[2] != 0x08:
-        raise ConfigError(f"{path}: not an IDX file of unsigned bytes (bad magic number). Delete it and run again.")
+        raise ValueError("not an IDX file of unsigned bytes (bad magic number)")
     ndim = data[3]
     header = 4 + 4 * ndim
     shape = [int.from_bytes(data[4 + 4 * i : 8 + 4 * i], "big") for i in range(ndim)]
     expected = header + int(torch.tensor(shape).prod())
     if len(data) != expected:
-        raise ConfigError(
-            f"{path}: truncated or corrupt ({len(data)} bytes, header says {expected}). Delete it and run again."
-        )
+        raise ValueError(f"truncated or corrupt ({len(data)} bytes, header says {expected})")
     return torch.frombuffer(bytearray(data[header:]), dtype=torch.uint8).reshape(shape)
 
 
