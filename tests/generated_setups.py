@@ -171,8 +171,9 @@ class GeneratedModule(LightningModule):
 
     def _scheduler_steps(self) -> int:
         """How often the scheduler steps in the whole run (OneCycleLR must know)."""
-        if self.hparams.interval == "step":
-            return int(self.trainer.estimated_stepping_batches) // self.hparams.frequency + 1
+        if self.hparams.interval == "step":  # Lightning counts `frequency` in batches, accumulated or not
+            batches = int(self.trainer.estimated_stepping_batches) * self.trainer.accumulate_grad_batches
+            return batches // self.hparams.frequency + 1
         return max(self.trainer.max_epochs, 1) // self.hparams.frequency + 1
 
     def configure_optimizers(self) -> Any:

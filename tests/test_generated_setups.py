@@ -216,7 +216,7 @@ def outcome(cli: ProjectCLI) -> dict[str, Any]:
 def reference(setup: Setup, root: Path) -> Reference:
     key = json.dumps(asdict(setup), sort_keys=True)
     if key not in REFERENCES:
-        folder = root / f"reference-{len(REFERENCES)}"
+        folder = root / f"reference-{len(list(root.iterdir()))}"  # a new folder, also after a run that failed
         cli, _ = run([*setup.args(), "--trainer.plugins=tests.generated_setups.KeepEveryCheckpoint"], folder)
         assert cli is not None
         recorder = next(c for c in cli.trainer.callbacks if isinstance(c, user.TrainedBatches))
