@@ -22,9 +22,9 @@ from pathlib import Path
 import torch
 from lightning import Callback, LightningModule, Trainer
 
-from lightning_template.engine.optim import WarmupSchedule
 from lightning_template.tasks.classification import InMemoryImageDataModule
 from lightning_template.tasks.classification.models.base import ClassificationModule
+from lightning_template.tasks.optim import WarmupSchedule
 
 ROOT = Path(__file__).resolve().parents[1]
 

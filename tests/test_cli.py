@@ -15,7 +15,7 @@ from lightning.pytorch.callbacks import LearningRateMonitor
 
 from lightning_template.engine import ExactResume, FiniteLossGuard, ResumeCheckpoint
 from lightning_template.engine.cli import DATA_FACTS, ProjectCLI, main, named_subcommand
-from lightning_template.engine.errors import MissingFileError
+from lightning_template.engine.errors import ConfigError, MissingFileError
 from lightning_template.engine.monitor import EarlyStop
 from lightning_template.tasks.classification import SimpleCNN
 
@@ -90,8 +90,8 @@ def fitted(tmp_path_factory: pytest.TempPathFactory, fashion_mnist_dir) -> tuple
 
 
 # Every line is the project's, the user's or Lightning's own report: no warning raised inside a library (with its
-# category, or as Lightning prints its own: "file.py:21: message"), no advertisement, no column of zeros.
-NOISE = r".*(?:\w+Warning\b|\.py:\d+: |Tip:|litlogger|FLOPs|SIGTERMException).*"
+# category, or as Lightning prints its own: "file.py:21: message"), no advertisement.
+NOISE = r".*(?:\w+Warning\b|\.py:\d+: |Tip:|litlogger|SIGTERMException).*"
 
 
 @pytest.mark.slow
@@ -212,8 +212,16 @@ def test_bad_options_fail_before_any_data_loads(capsys) -> None:
     with pytest.raises(SystemExit):
         ProjectCLI(args=[*config, "--model.init_args.lrr=0.1"], run=False)
     assert "lrr" in capsys.readouterr().err
-    with pytest.raises(ValueError, match=r"cosine needs a finite run: set trainer.max_epochs"):
-        ProjectCLI(args=[*config, "--trainer.max_epochs=-1"], run=False)
+
+
+def test_a_cosine_schedule_without_an_end_is_refused_before_the_first_step(
+    tmp_path: Path, monkeypatch, fashion_mnist_dir
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    flags = ["--trainer.max_epochs=-1", "--trainer.logger=false", "--trainer.enable_progress_bar=false"]
+    with pytest.raises(ConfigError, match=r"cosine needs a finite run: set trainer.max_epochs"):
+        ProjectCLI(args=["fit", "--config", str(ROOT / "configs/simple_cnn.yaml"), *flags])
+    assert not list(tmp_path.rglob("*.ckpt"))
 
 
 @pytest.mark.slow

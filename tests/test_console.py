@@ -14,7 +14,7 @@ from lightning.pytorch.callbacks import RichProgressBar
 
 from lightning_template.engine import ExactResume, ResumeCheckpoint
 from lightning_template.engine.cli import ProjectCLI, main, project_error
-from lightning_template.engine.console import EpochLines, ParameterSummary
+from lightning_template.engine.console import EpochLines
 from lightning_template.engine.errors import ConfigError
 from lightning_template.tasks.classification import FashionMNISTDataModule, SimpleCNN
 
@@ -119,7 +119,6 @@ def test_rich_in_a_terminal_and_epoch_lines_elsewhere(terminal: bool, monkeypatc
     monkeypatch.setattr(sys.stdout, "isatty", lambda: terminal)
     trainer = ProjectCLI(args=[*JOB], run=False).trainer
     assert type(trainer.progress_bar_callback) is (RichProgressBar if terminal else EpochLines)
-    assert any(type(c) is ParameterSummary for c in trainer.callbacks)  # a static table, in a log file too
     quiet = ProjectCLI(args=[*JOB, "--trainer.enable_progress_bar=false"], run=False).trainer
     assert quiet.progress_bar_callback is None  # no clash with Lightning's switch
 

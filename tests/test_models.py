@@ -11,7 +11,6 @@ import torch
 from torch import nn
 
 import lightning_template.tasks.classification
-from lightning_template.engine.optim import lr_factor
 from lightning_template.tasks.classification import (
     ClassificationModule,
     FashionMNISTDataModule,
@@ -21,6 +20,7 @@ from lightning_template.tasks.classification import (
     TransformerClassifier,
 )
 from lightning_template.tasks.classification.models.pretrained import WeightsError, adapt_input_conv
+from lightning_template.tasks.optim import lr_factor
 
 from tests.conftest import save_random_weights
 

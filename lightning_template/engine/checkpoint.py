@@ -7,6 +7,8 @@
 - Resuming `fit` from a checkpoint of one of the experiment's runs continues that run (its version folder or tracker
   run), with the data it was trained with.
 - `CheckpointAlone`: `validate|test|predict --ckpt_path <file>` without a config.
+- What the CLI builds from it: the model with its class and hyper-parameters (`build_model_from_checkpoint`), a
+  datamodule with its saved state (`restore_datamodule`), both refusing settings given on top that they replace.
 - `CheckpointFacts`: what every checkpoint records beyond Lightning's: the tracker run and the seed.
 """
 
@@ -24,9 +26,11 @@ from typing import Any
 import torch
 import yaml
 from lightning import Callback, LightningModule, Trainer
+from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
 from lightning_template.engine.errors import ConfigError, MissingFileError
+from lightning_template.engine.lightning_internals import subcommand_parser
 from lightning_template.engine.sampling import global_seed
 from lightning_template.engine.tracking import (
     CHECKPOINT_KEY,
@@ -335,6 +339,95 @@ def checkpoint_alone(argv: list[str]) -> CheckpointAlone | None:
             f"--ckpt_path {paths[-1]} is found among the runs of a job: give its --config, or the checkpoint's path."
         )
     return CheckpointAlone(argv, RunCheckpoint.read(paths[-1]))
+
+
+def build_model_from_checkpoint(cli: LightningCLI, record: RunCheckpoint, given: list[str]) -> None:
+    """The model is built with the checkpoint's class and hyper-parameters, over the config: refuse a checkpoint of
+    another model, and model settings given on top of the job (flags, stacked configs, the environment) that it
+    would replace. `given`: the command line."""
+    subcommand = cli.config.get("subcommand")
+    if not subcommand or not record.hyper_parameters or cli.config[subcommand].get("model") is None:
+        return
+    explicit = _given_settings(cli, given, "model")
+    before = cli.config[subcommand].model.clone()
+    cli.config = cli.parser.parse_object({subcommand: {"model": model_config(record)}}, cli.config)
+    after = cli.config[subcommand].get("model")
+    if before.class_path != after.class_path:
+        raise ConfigError(
+            f"--ckpt_path {record.path} is a checkpoint of {after.class_path}, but this config's model is"
+            f" {before.class_path}. Use the config of the run that wrote it, or start a new run from its weights"
+            f" with --model.weights {record.path}."
+        )
+    old, new = leaves(before.get("init_args")), leaves(after.get("init_args"))
+    changed = [
+        f"--model.{key} {old[key]!r} (checkpoint: {new.get(key)!r})" for key in explicit if old[key] != new.get(key)
+    ]
+    if changed:
+        raise ConfigError(
+            f"--ckpt_path {record.path}: the model is built with the checkpoint's hyper-parameters, which differ"
+            f" from {', '.join(changed)}, set by a flag, a stacked config or the environment. Drop them, or start"
+            f" a new run from its weights with --model.weights {record.path}."
+        )
+    if after.init_args.get("weights"):  # the checkpoint's weights replace them: not read (or downloaded) again
+        after.init_args.weights = None
+
+
+def restore_datamodule(cli: LightningCLI, record: RunCheckpoint, given: list[str], datamodule: Any) -> None:
+    """A datamodule that learns something from its files (a vocabulary) gets what the checkpoint was trained with,
+    before the model is built from it: evaluating or predicting then needs no training files."""
+    state = record.datamodule_state(type(datamodule).__qualname__)
+    if state is None:
+        return
+    datamodule.load_state_dict(state)
+    # Settings given on top of the job that the saved state replaced (a tokenizer, a context) are refused, as the
+    # model's are: the datamodule's attributes of the same names are what it now holds.
+    explicit = _given_settings(cli, given, "data") if cli.config.get("subcommand") else {}
+    held = vars(datamodule)
+    changed = [f"--data.{k} {v!r} (checkpoint: {held[k]!r})" for k, v in explicit.items() if held.get(k, v) != v]
+    if changed:
+        raise ConfigError(
+            f"--ckpt_path {record.path}: the data is as the checkpoint saved it ({type(datamodule).__name__}'s"
+            f" state), which differs from {', '.join(changed)}, set by a flag, a stacked config or the environment."
+            " Drop them, or train a new run with them."
+        )
+
+
+def check_model_fits(record: RunCheckpoint, model: torch.nn.Module, data_facts: tuple[str, ...]) -> None:
+    """The checkpoint's tensors have the shapes of the model built for this data (`data_facts`: the datamodule's
+    facts linked into the model, such as input_shape or num_classes)."""
+    mismatched = record.mismatched_shapes(model.state_dict())
+    if mismatched:
+        facts = {k: v for k, v in record.hyper_parameters.items() if k in data_facts}
+        raise ConfigError(
+            f"--ckpt_path {record.path} does not fit the model built for this data ({len(mismatched)} tensors):"
+            f" {'; '.join(mismatched[:3])}. The checkpoint was trained on data with {facts}: use that data"
+            f" (its config), or start a new run from its weights with --model.weights {record.path}."
+        )
+
+
+def _given_settings(cli: LightningCLI, given: list[str], section: str) -> dict[str, Any]:
+    """The settings of `section` (model or data) that the command line `given` sets on top of its job config (the
+    first config file outside presets/), configs/defaults.yaml and the class's defaults: by flags, stacked configs
+    or the environment; {setting: value}."""
+    subcommand = cli.config.subcommand
+    config = cli.config[subcommand]
+    if not given or config.get(section) is None:  # given a parsed config (a script running jobs): the job
+        return {}
+    job = [str(p) for p in config.get("config") or [] if Path(str(p)).parent.name != "presets"][:1]
+    parser = subcommand_parser(cli, subcommand)
+    default_env, parser.default_env = parser.default_env, False
+    try:  # the same class: a job config of it keeps its values, of another class gives the defaults
+        base = parser.parse_args([*(f"--config={c}" for c in job), f"--{section}={config[section].class_path}"])
+    finally:
+        parser.default_env = default_env
+    now, job_values = leaves(config[section].get("init_args")), leaves(base[section].get("init_args"))
+    flagged = [setting(a[2:].partition("=")[0]) for a in given if a.startswith(f"--{section}.")]
+    return {
+        key: value
+        for key, value in now.items()
+        if key != "weights"
+        and (job_values.get(key, value) != value or any(f"{section}.{key}.".startswith(f"{f}.") for f in flagged))
+    }
 
 
 def model_config(record: RunCheckpoint) -> dict[str, Any]:

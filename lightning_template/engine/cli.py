@@ -29,7 +29,6 @@ from lightning import LightningDataModule, Trainer
 from lightning.pytorch.callbacks import (
     LearningRateMonitor,
     ModelCheckpoint,
-    ModelSummary,
     ProgressBar,
 )
 from lightning.pytorch.cli import LightningArgumentParser
@@ -40,13 +39,13 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 from lightning_template.engine.checkpoint import (
     CheckpointFacts,
     RunCheckpoint,
+    build_model_from_checkpoint,
+    check_model_fits,
     checkpoint_alone,
-    leaves,
-    model_config,
     resolve_checkpoint,
-    setting,
+    restore_datamodule,
 )
-from lightning_template.engine.console import ParameterSummary, progress_bar, quiet_library_noise
+from lightning_template.engine.console import progress_bar, quiet_library_noise
 from lightning_template.engine.errors import ConfigError, MissingFileError, ProjectError
 from lightning_template.engine.finite_loss import FiniteLossGuard
 from lightning_template.engine.lightning_internals import (
@@ -57,7 +56,6 @@ from lightning_template.engine.lightning_internals import (
     subcommand_parser,
 )
 from lightning_template.engine.monitor import BestCheckpoint, EarlyStop, MonitoredMetrics, monitoring_off
-from lightning_template.engine.optim import check_run_length
 from lightning_template.engine.predictions import CSVPredictionWriter
 from lightning_template.engine.process_group import ProcessGroupTeardown
 from lightning_template.engine.resume import ExactResume, ResumeCheckpoint
@@ -91,7 +89,6 @@ def installed_callbacks() -> list[Any]:
         FiniteLossGuard(),
         MonitoredMetrics(),
         LearningRateMonitor(logging_interval="step"),
-        ParameterSummary(),
         progress_bar(),
     ]
 
@@ -302,71 +299,13 @@ class ProjectCLI(CLIHooks):
                 "--trainer.enable_checkpointing false: every run writes last.ckpt (its exact resume). Leave it on;"
                 " --checkpoint.monitor null leaves out the best-epoch checkpoint."
             )
-        model_args = getattr(config.get("model"), "init_args", None)
-        if model_args is not None and "schedule" in model_args:
-            trainer = config.trainer
-            check_run_length(model_args.schedule, trainer.get("max_epochs"), trainer.get("max_steps"))
         self.run_checkpoint = resolve_checkpoint(
             config, subcommand, lambda c: subcommand_parser(self, "fit").dump(c, skip_none=False)
         )
 
     def apply_checkpoint(self) -> None:
-        """The model is built with the checkpoint's class and hyper-parameters, over the config: refuse a checkpoint
-        of another model, and model settings given on top of the job (flags, stacked configs, the environment)
-        that it would replace."""
-        record = self.run_checkpoint
-        subcommand = self.config.get("subcommand")
-        if record is None or not subcommand or not record.hyper_parameters:
-            return
-        config = self.config[subcommand]
-        before = config.get("model")
-        if before is None:
-            return
-        explicit = self._explicit_settings(subcommand)
-        before = before.clone()
-        self.config = self.parser.parse_object({subcommand: {"model": model_config(record)}}, self.config)
-        after = self.config[subcommand].get("model")
-        if before.class_path != after.class_path:
-            raise ConfigError(
-                f"--ckpt_path {record.path} is a checkpoint of {after.class_path}, but this config's model is"
-                f" {before.class_path}. Use the config of the run that wrote it, or start a new run from its weights"
-                f" with --model.weights {record.path}."
-            )
-        old, new = leaves(before.get("init_args")), leaves(after.get("init_args"))
-        changed = [
-            f"--model.{key} {old[key]!r} (checkpoint: {new.get(key)!r})" for key in explicit if old[key] != new.get(key)
-        ]
-        if changed:
-            raise ConfigError(
-                f"--ckpt_path {record.path}: the model is built with the checkpoint's hyper-parameters, which differ"
-                f" from {', '.join(changed)}, set by a flag, a stacked config or the environment. Drop them, or start"
-                f" a new run from its weights with --model.weights {record.path}."
-            )
-        if after.init_args.get("weights"):  # the checkpoint's weights replace them: not read (or downloaded) again
-            after.init_args.weights = None
-
-    def _explicit_settings(self, subcommand: str, section: str = "model") -> dict[str, Any]:
-        """The settings of `section` (model or data) that this command sets on top of its job config (the first
-        config file outside presets/), configs/defaults.yaml and the class's defaults: by flags, stacked configs or
-        the environment; {setting: value}."""
-        config = self.config[subcommand]
-        if not self._given or config.get(section) is None:  # given a parsed config (a script running jobs): the job
-            return {}
-        job = [str(p) for p in config.get("config") or [] if Path(str(p)).parent.name != "presets"][:1]
-        parser = subcommand_parser(self, subcommand)
-        default_env, parser.default_env = parser.default_env, False
-        try:  # the same class: a job config of it keeps its values, of another class gives the defaults
-            base = parser.parse_args([*(f"--config={c}" for c in job), f"--{section}={config[section].class_path}"])
-        finally:
-            parser.default_env = default_env
-        now, job_values = leaves(config[section].get("init_args")), leaves(base[section].get("init_args"))
-        flagged = [setting(a[2:].partition("=")[0]) for a in self._given if a.startswith(f"--{section}.")]
-        return {
-            key: value
-            for key, value in now.items()
-            if key != "weights"
-            and (job_values.get(key, value) != value or any(f"{section}.{key}.".startswith(f"{f}.") for f in flagged))
-        }
+        if self.run_checkpoint is not None:
+            build_model_from_checkpoint(self, self.run_checkpoint, self._given)
 
     def before_instantiate_classes(self) -> None:
         subcommand = self.config.get("subcommand")
@@ -387,8 +326,6 @@ class ProjectCLI(CLIHooks):
         classes = [getattr(c, "class_path", "") for c in configured]
         if config.trainer.get("enable_progress_bar") is False or any(is_subclass(c, ProgressBar) for c in classes):
             callbacks = [c for c in callbacks if not isinstance(c, ProgressBar)]  # Lightning allows one, or none
-        if config.trainer.get("enable_model_summary") is False or any(is_subclass(c, ModelSummary) for c in classes):
-            callbacks = [c for c in callbacks if not isinstance(c, ModelSummary)]
         self.trainer_defaults["callbacks"] = callbacks
         _keep_the_last_of_each_single_callback(configured)
         checkpoint = config.get("checkpoint")
@@ -410,37 +347,12 @@ class ProjectCLI(CLIHooks):
         return trainer
 
     def _restore_datamodule(self, datamodule: LightningDataModule) -> None:
-        """A datamodule that learns something from its files (a vocabulary) gets what the checkpoint was trained
-        with, before the model is built from it: evaluating or predicting then needs no training files."""
-        record = self.run_checkpoint
-        state = None if record is None else record.datamodule_state(type(datamodule).__qualname__)
-        if state is None:
-            return
-        datamodule.load_state_dict(state)
-        # Settings given on top of the job that the saved state replaced (a tokenizer, a context) are refused, as
-        # the model's are: the datamodule's attributes of the same names are what it now holds.
-        given = self._explicit_settings(self.config.subcommand, "data") if self.config.get("subcommand") else {}
-        held = vars(datamodule)
-        changed = [f"--data.{k} {v!r} (checkpoint: {held[k]!r})" for k, v in given.items() if held.get(k, v) != v]
-        if changed:
-            raise ConfigError(
-                f"--ckpt_path {record.path}: the data is as the checkpoint saved it ({type(datamodule).__name__}'s"
-                f" state), which differs from {', '.join(changed)}, set by a flag, a stacked config or the environment."
-                " Drop them, or train a new run with them."
-            )
+        if self.run_checkpoint is not None:
+            restore_datamodule(self, self.run_checkpoint, self._given, datamodule)
 
     def after_instantiate_classes(self) -> None:
-        record = self.run_checkpoint
-        if record is None or self.model is None:
-            return
-        mismatched = record.mismatched_shapes(self.model.state_dict())
-        if mismatched:  # a model built for other data (linked facts such as input_shape or num_classes)
-            facts = {k: v for k, v in record.hyper_parameters.items() if k in DATA_FACTS}
-            raise ConfigError(
-                f"--ckpt_path {record.path} does not fit the model built for this data ({len(mismatched)} tensors):"
-                f" {'; '.join(mismatched[:3])}. The checkpoint was trained on data with {facts}: use that data"
-                f" (its config), or start a new run from its weights with --model.weights {record.path}."
-            )
+        if self.run_checkpoint is not None and self.model is not None:
+            check_model_fits(self.run_checkpoint, self.model, DATA_FACTS)
 
     def _evaluate_only(self) -> None:
         # Checkpoint callbacks write nothing outside `fit`; restoring their state from the checkpoint would only warn

@@ -15,9 +15,7 @@ import warnings
 from typing import Any
 
 from lightning import LightningModule, Trainer
-from lightning.pytorch.callbacks import ModelSummary, ProgressBar, RichProgressBar
-
-from lightning_template.engine.lightning_internals import format_summary_table
+from lightning.pytorch.callbacks import ProgressBar, RichProgressBar
 
 
 class EpochLines(ProgressBar):
@@ -67,29 +65,6 @@ class EpochLines(ProgressBar):
         print(f"epoch {trainer.current_epoch + 1}{total}  {shown}  ({elapsed:.1f} s)", flush=True)
 
 
-class ParameterSummary(ModelSummary):
-    """Lightning's model summary, without the FLOPs column when Lightning counted none (it counts them only for a
-    model with an `example_input_array`, and shows 0 for every layer otherwise)."""
-
-    @staticmethod
-    def summarize(
-        summary_data: list[tuple[str, list[str]]],
-        total_parameters: int,
-        trainable_parameters: int,
-        model_size: float,
-        total_training_modes: dict[str, int],
-        total_flops: int,
-        **summarize_kwargs: Any,
-    ) -> None:
-        columns = summary_data if total_flops else [column for column in summary_data if column[0] != "FLOPs"]
-        table = format_summary_table(
-            total_parameters, trainable_parameters, model_size, total_training_modes, total_flops, *columns
-        )
-        if not total_flops:
-            table = table.rpartition("\n")[0]  # its last line, "0 Total Flops"
-        logging.getLogger("lightning.pytorch.callbacks.model_summary").info("\n" + table)
-
-
 def progress_bar(stream: Any = None) -> ProgressBar:
     """Rich's progress bar when `stream` (stdout) is a terminal, else `EpochLines`."""
     return RichProgressBar() if (stream or sys.stdout).isatty() else EpochLines()
@@ -100,7 +75,6 @@ def progress_bar(stream: Any = None) -> ProgressBar:
 LIGHTNING_LINES = (
     "💡 Tip:",  # advertisements for hosted services
     "Loading `train_dataloader` to estimate number of stepping batches.",  # the schedule's step count, not news
-    "Trainer already configured with model summary callbacks",  # ours, below
     "An SIGTERMException was raised with message:",  # a stop asked for: ExactResume says where it stopped
 )
 LIBRARY_WARNINGS = (

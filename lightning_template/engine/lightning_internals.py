@@ -17,7 +17,6 @@ from lightning.pytorch.callbacks import Checkpoint, EarlyStopping, ModelCheckpoi
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, _InstantiatorFn
 from lightning.pytorch.profilers import PassThroughProfiler
 from lightning.pytorch.trainer import call
-from lightning.pytorch.utilities.model_summary.model_summary import _format_summary_table
 
 # (owner, dotted attribute): what the functions below read or call.
 USED = (
@@ -243,11 +242,6 @@ def add_datamodule_hook(cli: LightningCLI, after: Callable[[LightningDataModule]
     """Call `after(datamodule)` right after LightningCLI builds the datamodule (with its own instantiator, which
     records the config as the datamodule's hyper-parameters), before the links read its attributes into the model."""
     cli.parser.add_instantiator(_DataModuleHook(cli, after), LightningDataModule, subclasses=True, prepend=True)
-
-
-def format_summary_table(*args: Any) -> str:
-    """The text table of Lightning's ModelSummary callback, from the same arguments as its `summarize`."""
-    return _format_summary_table(*args)
 
 
 @contextlib.contextmanager

@@ -8,7 +8,7 @@ from lightning import LightningModule, Trainer
 from lightning.pytorch.callbacks import LearningRateFinder
 from lightning.pytorch.utilities import rank_zero_info
 
-from lightning_template.engine.optim import WarmupSchedule
+from lightning_template.tasks.optim import WarmupSchedule
 
 
 class LRFinder(LearningRateFinder):

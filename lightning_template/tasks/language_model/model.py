@@ -23,17 +23,17 @@ from torch import nn
 from torchmetrics import MeanMetric
 
 from lightning_template.engine.errors import ConfigError
-from lightning_template.engine.optim import (
+from lightning_template.engine.sampling import derive_seed, global_seed
+from lightning_template.tasks.classification.models.transformer import Block
+from lightning_template.tasks.language_model.data import Prompt
+from lightning_template.tasks.language_model.muon import MuonAdamW
+from lightning_template.tasks.optim import (
     WarmupSchedule,
     check_run_length,
     optimizer_from_spec,
     optimizer_spec,
     steps_per_epoch,
 )
-from lightning_template.engine.sampling import derive_seed, global_seed
-from lightning_template.tasks.classification.models.transformer import Block
-from lightning_template.tasks.language_model.data import Prompt
-from lightning_template.tasks.language_model.muon import MuonAdamW
 
 LN2 = math.log(2)
 

@@ -29,7 +29,7 @@ from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
 from lightning_template.engine.errors import ConfigError, InterfaceError
 from lightning_template.engine.lightning_internals import closes_accumulation_window
-from lightning_template.engine.optim import WarmupSchedule, steps_per_epoch
+from lightning_template.tasks.optim import WarmupSchedule, steps_per_epoch
 
 
 class TwoStageFinetuning(Callback):

@@ -24,7 +24,12 @@ from torchmetrics.classification import MulticlassAccuracy
 
 from lightning_template.engine.errors import InterfaceError
 from lightning_template.engine.lightning_internals import logs_this_step
-from lightning_template.engine.optim import (
+from lightning_template.tasks.classification.callbacks.visual import AugmentedBatchImages, ConfusionMatrixImage
+from lightning_template.tasks.classification.data.contract import ClassificationData, ServableData
+from lightning_template.tasks.classification.input_spec import SPEC_KEY
+from lightning_template.tasks.classification.models.pretrained import load_pretrained, read_state_dict
+from lightning_template.tasks.classification.models.seam import ClassifierNet
+from lightning_template.tasks.optim import (
     ScheduleName,
     WarmupSchedule,
     check_run_length,
@@ -32,11 +37,6 @@ from lightning_template.engine.optim import (
     optimizer_spec,
     steps_per_epoch,
 )
-from lightning_template.tasks.classification.callbacks.visual import AugmentedBatchImages, ConfusionMatrixImage
-from lightning_template.tasks.classification.data.contract import ClassificationData, ServableData
-from lightning_template.tasks.classification.input_spec import SPEC_KEY
-from lightning_template.tasks.classification.models.pretrained import load_pretrained, read_state_dict
-from lightning_template.tasks.classification.models.seam import ClassifierNet
 
 Part = Literal["head", "backbone"]
 

@@ -1,5 +1,5 @@
-"""Optimizer and learning-rate schedule helpers for any LightningModule: an optimizer given as a config (kept in
-checkpoints as data, not code), and a linear warmup, then cosine, step or constant, stepped once per optimizer step."""
+"""The tasks' optimizer and learning-rate schedule: an optimizer given as a config (kept in checkpoints as data, not
+code), and a linear warmup, then cosine, step or constant, stepped once per optimizer step."""
 
 from __future__ import annotations
 
