@@ -31,6 +31,7 @@ from PIL import Image
 
 import lightning_template.tasks.classification  # noqa: F401  (registers the datamodules for --data)
 from lightning_template.engine.errors import ConfigError, InterfaceError
+from lightning_template.script_args import script_parser
 from lightning_template.streaming.datamodules import (
     FORMAT_VERSION,
     METADATA_FILE,
@@ -237,7 +238,7 @@ def job_data(job: str) -> list[str]:
 
 
 def parser() -> ArgumentParser:
-    parser = ArgumentParser(description=__doc__.partition("\n\n")[0])
+    parser = script_parser(__doc__)
     parser.add_argument("--job", type=str | None, default=None, help="A job config whose `data` is converted.")
     parser.add_subclass_arguments(LightningDataModule, "data", required=True, help="The source datamodule.")
     parser.add_argument("--output", type=str, required=True, help="Folder or URL (s3://, gs://) to write to.")

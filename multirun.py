@@ -4,7 +4,7 @@
     python multirun.py --config configs/simple_cnn.yaml --folds 5 --trainer.max_epochs=3
     python multirun.py --config configs/simple_cnn.yaml --seeds 1 2 3 4 --workers 2   # 2 runs at once
 
-Flags after the options below go to every run's `train.py fit`. Runs and the summary
+Every flag that is not one of the options below goes to every run's `train.py fit`. Runs and the summary
 (summary.md, summary.csv) are in logs/multirun/<name>/. Rerun the same command after a stop:
 finished runs are kept, an interrupted one resumes from its last.ckpt. With other flags (or an
 edited config) under the same --name it is refused, naming what changed. `--workers N` trains N runs at
@@ -13,26 +13,37 @@ once (one per GPU, or sharing the CPU's threads); a run whose process dies is ta
 
 from __future__ import annotations
 
-import argparse
 import signal
 import sys
 from pathlib import Path
 
+from jsonargparse import ArgumentParser
+
 from lightning_template.engine.errors import ProjectError
+from lightning_template.script_args import script_parser, split_flags
 from lightning_template.search import runs, workers
 from lightning_template.search.repeat import collected, plan, run_pending, variants, write_summary
 
 
-def main(argv: list[str] | None = None) -> None:
-    argv = sys.argv[1:] if argv is None else argv
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def parser() -> ArgumentParser:
+    parser = script_parser(__doc__)
     parser.add_argument("--config", action="append", required=True, help="Job config(s), as for train.py.")
     which = parser.add_mutually_exclusive_group(required=True)
     which.add_argument("--seeds", type=int, nargs="+", help="Run once per seed (--seed_everything).")
     which.add_argument("--folds", type=int, help="k-fold cross-validation: run folds 0..K-1 (--data.num_folds K).")
-    parser.add_argument("--name", help="Folder under logs/multirun/ (default: <job>-seeds or <job>-<K>fold).")
+    parser.add_argument(
+        "--name", type=str | None, default=None,
+        help="Folder under logs/multirun/ (default: <job>-seeds or <job>-<K>fold).",
+    )  # fmt: skip
     workers.add_options(parser)
-    args, train_flags = parser.parse_known_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    multirun_parser = parser()
+    own, train_flags = split_flags(multirun_parser, argv)
+    args = multirun_parser.parse_args(own)
     job = Path(args.config[0]).stem
     name = args.name or (f"{job}-{args.folds}fold" if args.folds else f"{job}-seeds")
     flags = [*(f"--config={c}" for c in args.config), *train_flags]

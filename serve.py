@@ -11,7 +11,6 @@ Request and answer formats: lightning_template/serving/api.py.
 
 from __future__ import annotations
 
-import argparse
 import multiprocessing
 import signal
 import sys
@@ -19,24 +18,24 @@ from pathlib import Path
 from types import FrameType
 
 import litserve as ls
+from jsonargparse import ArgumentParser, Namespace
 
+from lightning_template.script_args import script_parser
 from lightning_template.serving.api import ClassifierAPI, predict_openapi
 from lightning_template.serving.backends import load_backend
 from lightning_template.serving.middleware import CheckRequestBody
 
 
-class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
-    pass
-
-
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
+def parser() -> ArgumentParser:
+    parser = script_parser(__doc__)
     model = parser.add_mutually_exclusive_group(required=True)
     model.add_argument("--ckpt_path", help="A checkpoint written by train.py (torch backend).")
     model.add_argument("--onnx_path", help="A net.onnx written by export.py, with its serving.json (onnxruntime).")
     parser.add_argument("--host", default="127.0.0.1", help="Interface to listen on; 0.0.0.0 in a container.")
-    parser.add_argument("--port", type=int, default=8000)
-    parser.add_argument("--accelerator", default="auto", choices=["auto", "cpu", "cuda", "mps"])
+    parser.add_argument("--port", type=int, default=8000, help="Port to listen on.")
+    parser.add_argument(
+        "--accelerator", default="auto", choices=["auto", "cpu", "cuda", "mps"], help="Where the model runs."
+    )
     parser.add_argument("--devices", default="auto", help="Number of devices, or auto.")
     parser.add_argument("--workers_per_device", type=int, default=1, help="Model copies per device.")
     parser.add_argument("--max_batch_size", type=int, default=16, help="Requests gathered into one forward pass.")
@@ -44,7 +43,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--max_inputs", type=int, default=64, help="Inputs allowed in one request.")
     parser.add_argument("--max_payload_mb", type=float, default=10.0, help="Largest request body (413 above).")
     parser.add_argument("--timeout", type=float, default=30.0, help="Seconds a request may wait (504 after).")
-    return parser.parse_args(argv)
+    return parser
 
 
 def onnx_accelerator(requested: str) -> str:
@@ -59,7 +58,7 @@ def onnx_accelerator(requested: str) -> str:
     return "cuda" if cuda else "cpu"
 
 
-def build_server(args: argparse.Namespace) -> ls.LitServer:
+def build_server(args: Namespace) -> ls.LitServer:
     model_path = args.ckpt_path or args.onnx_path
     spec = load_backend(model_path).spec  # fails here, before any worker starts, if the file is unusable
     api = ClassifierAPI(
@@ -97,7 +96,7 @@ def interrupt(signum: int, frame: FrameType | None) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    args = parse_args(argv)
+    args = parser().parse_args(argv)
     try:
         server = build_server(args)
     except (FileNotFoundError, ValueError) as err:

@@ -3,7 +3,7 @@
     python tune.py --config configs/simple_cnn.yaml --search configs/search/simple_cnn.yaml --trials 20 \\
         --trainer.max_epochs=3
 
-Flags after the options below go to every trial's `train.py fit` (a shorter budget, a preset).
+Every flag that is not one of the options below goes to every trial's `train.py fit` (a shorter budget, a preset).
 Run the same command again to continue a stopped search (with other train.py flags it is refused:
 a study keeps the settings it was started with). `--workers N` runs N trials at once (one per GPU,
 or N processes sharing the CPU's threads); on several machines, start tune.py on each with one
@@ -14,15 +14,16 @@ See lightning_template/search/search.py for how interruptions are handled.
 
 from __future__ import annotations
 
-import argparse
 import signal
 import sys
 from pathlib import Path
 
 import optuna
+from jsonargparse import ArgumentParser
 from optuna.trial import TrialState
 
 from lightning_template.engine.errors import ConfigError
+from lightning_template.script_args import script_parser, split_flags
 from lightning_template.search import runs, workers
 from lightning_template.search.search import (
     Search,
@@ -38,33 +39,37 @@ from lightning_template.search.search import (
 from lightning_template.search.space import SpaceError, load_space
 
 
-class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
-    pass
-
-
-def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
+def parser() -> ArgumentParser:
+    parser = script_parser(__doc__)
     parser.add_argument("--config", action="append", required=True, help="Job config(s), as for train.py.")
-    parser.add_argument("--search", type=Path, required=True, help="Search space YAML (configs/search/).")
+    parser.add_argument("--search", type=str, required=True, help="Search space YAML (configs/search/).")
     parser.add_argument("--trials", type=int, default=20, help="Finished trials (complete or pruned) to reach.")
-    parser.add_argument("--study", help="Study name (default: <job>-<search>).")
-    parser.add_argument("--storage", help="Optuna RDB URL (default: sqlite:///logs/tune/<study>/study.db).")
-    parser.add_argument("--sampler", default="tpe", choices=["tpe", "random", "grid"])
-    parser.add_argument("--pruner", default="median", choices=["median", "none"])
+    parser.add_argument("--study", type=str | None, default=None, help="Study name (default: <job>-<search>).")
+    parser.add_argument(
+        "--storage", type=str | None, default=None,
+        help="Optuna RDB URL (default: sqlite:///logs/tune/<study>/study.db).",
+    )  # fmt: skip
+    parser.add_argument("--sampler", default="tpe", choices=["tpe", "random", "grid"], help="Optuna's sampler.")
+    parser.add_argument(
+        "--pruner", default="median", choices=["median", "none"], help="Stop trials below the median of others."
+    )
     parser.add_argument("--prune_after_epochs", type=int, default=1, help="Never prune before this many epochs.")
-    parser.add_argument("--seed", type=int, help="Sampler seed (the trials' own seed is train.py's).")
+    parser.add_argument("--seed", type=int | None, default=None, help="Sampler seed (the trials' own is train.py's).")
     workers.add_options(parser)
-    return parser.parse_known_args(argv)
+    return parser
 
 
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
-    args, train_flags = parse_args(argv)
+    tune_parser = parser()
+    own, train_flags = split_flags(tune_parser, argv)
+    args = tune_parser.parse_args(own)
+    search_file = Path(args.search)
     if args.trials < 1:
         sys.exit("tune.py: --trials must be at least 1.")
     try:
         workers.set_threads(args.threads)
-        params = load_space(args.search)
+        params = load_space(search_file)
         job_flags = [f"--config={c}" for c in args.config]
         config = runs.RunConfig.parse([*job_flags, *train_flags])
         config.check_single_process("tune.py")
@@ -75,14 +80,14 @@ def main(argv: list[str] | None = None) -> None:
                     config.with_values({param.key: value})
                 except runs.FlagError as err:
                     raise SpaceError(
-                        f"--search {args.search}: train.py refuses the key or value of {param.key} ({value!r}):\n{err}"
+                        f"--search {search_file}: train.py refuses the key or value of {param.key} ({value!r}):\n{err}"
                     ) from None
         # Parsed before any run, as every config here: the best config is written from it at the end.
         job = runs.RunConfig.parse([*job_flags, *runs.without_budget(train_flags)])
         monitor, mode = config.namespace.checkpoint.monitor, config.namespace.checkpoint.mode
         if not monitor:
             raise SearchError("The search optimizes --checkpoint.monitor; set it (e.g. val_acc).")
-        study_name = args.study or f"{Path(args.config[0]).stem}-{args.search.stem}"
+        study_name = args.study or f"{Path(args.config[0]).stem}-{search_file.stem}"
         out = Path("logs") / "tune" / study_name
         storage_url = args.storage or f"sqlite:///{out / 'study.db'}"
         storage = open_storage(storage_url)
@@ -94,7 +99,7 @@ def main(argv: list[str] | None = None) -> None:
             direction="maximize" if mode == "max" else "minimize",
             load_if_exists=True,
         )
-        check_choices(study, params, args.search)
+        check_choices(study, params, search_file)
         check_settings(study, storage_url, config.settings(), params)
     except ConfigError as err:  # the space, the storage, train.py's flags, --workers: one line
         sys.exit(f"tune.py: {err}")

@@ -15,7 +15,6 @@ itself, not a measurement.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import subprocess
@@ -26,7 +25,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from jsonargparse import ArgumentParser
 from lightning import Callback, LightningModule, Trainer
+
+from lightning_template.script_args import script_parser
 
 from benchmarks.overhead import end_to_end, per_step_overhead, sync
 from benchmarks.stats import Summary, describe, summarize
@@ -146,11 +148,18 @@ def markdown(results: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results", help="Folder for gpu.json/.md.")
+def parser() -> ArgumentParser:
+    parser = script_parser(__doc__)
+    parser.add_argument(
+        "--out", type=str, default=str(ROOT / "benchmarks" / "results"), help="Folder for gpu.json/.md."
+    )
     parser.add_argument("--allow-cpu", action="store_true", help="Check the script on a CPU with tiny sizes.")
-    args = parser.parse_args()
+    return parser
+
+
+def main() -> None:
+    args = parser().parse_args()
+    out = Path(args.out)
     if not torch.cuda.is_available() and not args.allow_cpu:
         print(
             "benchmarks.gpu: no CUDA device is visible (torch.cuda.is_available() is False), nothing was measured.\n"
@@ -183,12 +192,12 @@ def main() -> None:
         if isinstance(value, Summary):
             results["overhead"][key] = value.as_dict(4)
     results["wall_s"] = round(time.perf_counter() - start, 1)
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "gpu.json").write_text(json.dumps(results, indent=2) + "\n")
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "gpu.json").write_text(json.dumps(results, indent=2) + "\n")
     table = markdown(results) if not any("error" in results[p] for p in ("throughput", "overhead")) else ""
-    (args.out / "gpu.md").write_text(table or json.dumps(results, indent=2))
+    (out / "gpu.md").write_text(table or json.dumps(results, indent=2))
     print(table or json.dumps(results, indent=2))
-    print(f"written to {args.out / 'gpu.json'} and {args.out / 'gpu.md'}")
+    print(f"written to {out / 'gpu.json'} and {out / 'gpu.md'}")
     failed = [part for part in ("throughput", "overhead", "ddp") if "error" in results[part]]
     if failed:
         sys.exit(f"benchmarks.gpu: failed parts: {', '.join(failed)} (their errors are in gpu.json)")

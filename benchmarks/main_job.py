@@ -13,7 +13,6 @@ alternate within each seed, so a machine that slows down during the benchmark sl
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import json
 import os
@@ -26,6 +25,10 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+
+from jsonargparse import ArgumentParser
+
+from lightning_template.script_args import script_parser
 
 ROOT = Path(__file__).resolve().parents[1]
 MAIN = "configs/simple_cnn.yaml"
@@ -83,12 +86,19 @@ def compare(jobs: list[Job], seeds: list[int], workdir: Path) -> dict[str, list[
     return results
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--seeds", type=int, nargs="+", default=[42, 7, 123])
+def parser() -> ArgumentParser:
+    parser = script_parser(__doc__.splitlines()[0])
+    parser.add_argument("--seeds", type=int, nargs="+", default=[42, 7, 123], help="Seeds of each job, run in turn.")
     parser.add_argument("--against", help="A commit, tag or branch whose main job runs in turn with this one's.")
-    parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "main_job.json")
-    options = parser.parse_args()
+    parser.add_argument(
+        "--out", type=str, default=str(ROOT / "benchmarks" / "results" / "main_job.json"), help="JSON results."
+    )
+    return parser
+
+
+def main() -> None:
+    options = parser().parse_args()
+    out = Path(options.out)
     main_job = Job(f"main ({MAIN})", ROOT, MAIN)
     with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as stack:
         if options.against:
@@ -96,8 +106,8 @@ def main() -> None:
         else:
             other = Job("classic (configs/simple_cnn_classic.yaml)", ROOT, "configs/simple_cnn_classic.yaml")
         results = compare([main_job, other], options.seeds, Path(tmp))
-    options.out.parent.mkdir(parents=True, exist_ok=True)
-    options.out.write_text(json.dumps(results, indent=1))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(results, indent=1))
 
 
 if __name__ == "__main__":

@@ -16,7 +16,6 @@ busy processes slow each other down several times. The Makefile pins glibc's mal
 
 from __future__ import annotations
 
-import argparse
 import gzip
 import json
 import platform
@@ -30,9 +29,11 @@ from typing import Any
 
 import torch
 import torchvision
+from jsonargparse import ArgumentParser
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from torch.utils.data import DataLoader
 
+from lightning_template.script_args import script_parser
 from lightning_template.tasks.classification import FashionMNISTDataModule
 
 from benchmarks.overhead import end_to_end, lightning_floor, per_step_overhead, sync
@@ -255,14 +256,24 @@ def markdown(results: dict[str, Any]) -> str:
     return head + "\n\n" + "\n".join(rows) + "\n"
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def parser() -> ArgumentParser:
+    parser = script_parser(__doc__)
     parser.add_argument("--quick", action="store_true", help="Fewer repeats (under 3 minutes on 2 CPU cores).")
     parser.add_argument("--compile", action="store_true", help="Also time the models with torch.compile.")
-    parser.add_argument("--out", type=Path, help="JSON results (default benchmarks/results/bench[-quick].json).")
-    args = parser.parse_args()
+    parser.add_argument(
+        "--out", type=str | None, default=None, help="JSON results (default benchmarks/results/bench[-quick].json)."
+    )
+    return parser
+
+
+def main() -> None:
+    args = parser().parse_args()
     sizes = {key: value[1] if args.quick else value[0] for key, value in SIZES.items()}
-    out = args.out or ROOT / "benchmarks" / "results" / ("bench-quick.json" if args.quick else "bench.json")
+    out = (
+        Path(args.out)
+        if args.out
+        else ROOT / "benchmarks" / "results" / ("bench-quick.json" if args.quick else "bench.json")
+    )
     start = time.perf_counter()
     # The CLI runs in this process with its own arguments; it warns that sys.argv holds others (this script's).
     warnings.filterwarnings("ignore", message="LightningCLI's args parameter")

@@ -20,7 +20,6 @@ machine (the pipeline then ends on the GPU, and DDP uses NCCL over the visible G
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import re
@@ -34,10 +33,12 @@ from typing import Any
 
 import torch
 import torchvision
+from jsonargparse import ArgumentParser
 from PIL import Image
 from torch.utils.data import DataLoader
 from torchvision import transforms
 
+from lightning_template.script_args import script_parser
 from lightning_template.streaming import StreamingImageDataModule
 from lightning_template.tasks.classification import FashionMNISTDataModule, ImageFolderDataModule
 from lightning_template.tasks.classification.data.idx import load_split
@@ -271,22 +272,27 @@ def markdown(results: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def parser() -> ArgumentParser:
+    parser = script_parser(__doc__.partition("\n\n")[0])
+    parser.add_argument("--base", type=int, default=20000, help="Training images at 1x.")
+    parser.add_argument("--jpegs", type=int, default=2048, help="JPEG files of the pipeline benchmark.")
+    parser.add_argument("--workers", type=int, default=2, help="Loader workers of the pipeline benchmark.")
+    parser.add_argument("--batch_size", type=int, default=64, help="Batch size of the pipeline benchmark.")
+    parser.add_argument("--ddp_batches", type=int, default=60, help="Batches of 128 per DDP epoch.")
+    parser.add_argument("--repeats", type=int, default=5, help="Interleaved passes per pipeline (median).")
+    parser.add_argument("--parts", nargs="+", default=["memory", "pipeline", "ddp"], help="Which tables to measure.")
+    parser.add_argument("--out", type=str, default=str(ROOT / "benchmarks/results/scaling.json"), help="JSON results.")
+    return parser
+
+
 def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "--cell":
         kind, work, base, scale = sys.argv[2], Path(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
         print(json.dumps(memory_cell(kind, work, base, scale)))
         return
-    parser = argparse.ArgumentParser(description=__doc__.partition("\n\n")[0])
-    parser.add_argument("--base", type=int, default=20000, help="Training images at 1x.")
-    parser.add_argument("--jpegs", type=int, default=2048, help="JPEG files of the pipeline benchmark.")
-    parser.add_argument("--workers", type=int, default=2, help="Loader workers of the pipeline benchmark.")
-    parser.add_argument("--batch_size", type=int, default=64)
-    parser.add_argument("--ddp_batches", type=int, default=60, help="Batches of 128 per DDP epoch.")
-    parser.add_argument("--repeats", type=int, default=5, help="Interleaved passes per pipeline (median).")
-    parser.add_argument("--parts", nargs="+", default=["memory", "pipeline", "ddp"], help="Which tables to measure.")
-    parser.add_argument("--out", type=Path, default=ROOT / "benchmarks/results/scaling.json")
-    args = parser.parse_args()
-    results: dict[str, Any] = json.loads(args.out.read_text()) if args.out.is_file() else {}
+    args = parser().parse_args()
+    out = Path(args.out)
+    results: dict[str, Any] = json.loads(out.read_text()) if out.is_file() else {}
     results["machine"] = {"cpus": os.cpu_count(), "torch": torch.__version__, "cuda": torch.cuda.is_available()}
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
@@ -296,8 +302,8 @@ def main() -> None:
             results["pipeline"] = pipeline_table(work, args.jpegs, args.workers, args.batch_size, args.repeats)
         if "ddp" in args.parts:
             results["ddp"] = ddp_table(work, args.ddp_batches)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(results, indent=1))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(results, indent=1))
     print(markdown(results))
 
 

@@ -14,7 +14,6 @@ the server's alone. Results: printed Markdown table + JSON (--out).
 
 from __future__ import annotations
 
-import argparse
 import base64
 import io
 import json
@@ -30,10 +29,12 @@ from typing import Any
 
 import requests
 import torch
+from jsonargparse import ArgumentParser
 from PIL import Image
 
 from lightning_template.engine.checkpoint import RunCheckpoint
 from lightning_template.engine.cli import ROOT, ProjectCLI
+from lightning_template.script_args import script_parser
 from lightning_template.serving.launch import background_server
 from lightning_template.tasks.classification.data.idx import read_idx
 
@@ -125,12 +126,19 @@ def load_test(url: str, bodies: list[dict[str, Any]], clients: int, seconds: flo
     }
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", type=Path, default=Path("benchmarks/results/serving.json"))
-    parser.add_argument("--clients", type=int, nargs="+", default=[1, 8, 32])
+def parser() -> ArgumentParser:
+    parser = script_parser(__doc__)
+    parser.add_argument("--out", type=str, default="benchmarks/results/serving.json", help="JSON results.")
+    parser.add_argument(
+        "--clients", type=int, nargs="+", default=[1, 8, 32], help="Concurrent clients of each load level."
+    )
     parser.add_argument("--seconds", type=float, default=8.0, help="Duration of each load level.")
-    args = parser.parse_args()
+    return parser
+
+
+def main() -> None:
+    args = parser().parse_args()
+    out = Path(args.out)
     results: dict[str, Any] = {"machine": f"{platform.machine()}, {torch.get_num_threads()} threads", "rows": []}
     with tempfile.TemporaryDirectory() as tmp:
         workdir = Path(tmp)
@@ -157,8 +165,8 @@ def main() -> None:
                 f" | {row['p99_ms']:.1f} | {row['mean_batch']:.1f} |"
             )
     print("\n".join(table))
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(results, indent=2))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(results, indent=2))
 
 
 if __name__ == "__main__":

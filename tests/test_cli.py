@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import re
 import subprocess
 import sys
@@ -10,13 +11,14 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from jsonargparse import Namespace
+from jsonargparse import ArgumentParser, Namespace
 from lightning.pytorch.callbacks import LearningRateMonitor
 
 from lightning_template.engine import ExactResume, FiniteLossGuard, ResumeCheckpoint
 from lightning_template.engine.cli import DATA_FACTS, ProjectCLI, main, named_subcommand
 from lightning_template.engine.errors import ConfigError, MissingFileError
 from lightning_template.engine.monitor import EarlyStop
+from lightning_template.script_args import script_parser, split_flags
 from lightning_template.tasks.classification import SimpleCNN
 
 from tests.conftest import QUICK, ROOT, offline_flags, run_cli, save_random_weights
@@ -428,3 +430,44 @@ def test_a_checkpoint_alone_tests_on_its_data_or_names_the_option_for_data_that_
     )
     moved = ProjectCLI(args=["test", f"--ckpt_path={last}", f"--data.data_dir={tmp_path / 'moved'}", *quick])
     assert moved.trainer.callback_metrics["test_acc"] == alone.trainer.callback_metrics["test_acc"]
+
+
+def test_a_script_keeps_its_own_options_and_passes_every_other_flag_to_train_py() -> None:
+    parser = script_parser("A script.")
+    parser.add_argument("--config", action="append", required=True, help="Job config(s).")
+    parser.add_argument("--seeds", type=int, nargs="+", help="Seeds.")
+    argv = ["--config", "a.yaml", "--trainer.max_epochs", "3", "--seeds", "1", "2", "--model.init_args.lr=-1e-3",
+            "--model.lr", "-0.5", "--config=b.yaml", "--data.topics", "food", "work", "-h"]  # fmt: skip
+    own, rest = split_flags(parser, argv)
+    assert own == ["--config", "a.yaml", "--seeds", "1", "2", "--config=b.yaml", "-h"]
+    assert rest == ["--trainer.max_epochs", "3", "--model.init_args.lr=-1e-3", "--model.lr", "-0.5", "--data.topics",
+                    "food", "work"]  # fmt: skip
+
+
+# Every script that parses a command line of its own (train.py and export.py are LightningCLI's).
+SCRIPTS = sorted(
+    path
+    for folder in [
+        ROOT,
+        *(
+            p
+            for p in ROOT.iterdir()
+            if p.is_dir() and not p.is_symlink() and p.name != "tests" and not p.name.startswith(".")
+        ),
+    ]
+    for path in (folder.glob("*.py") if folder == ROOT else folder.rglob("*.py"))
+    if '__name__ == "__main__"' in (text := path.read_text()) and "parse_args(" in text
+)
+
+
+@pytest.mark.parametrize("script", SCRIPTS, ids=lambda path: str(path.relative_to(ROOT)))
+def test_every_script_reads_its_arguments_one_way_each_with_its_help(script: Path, monkeypatch) -> None:
+    """jsonargparse, as train.py (LightningCLI, whose arguments are documented by their classes' docstrings), with a
+    help line per option."""
+    spec = importlib.util.spec_from_file_location(f"script_{script.stem}", script)
+    module = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, spec.name, module)  # as `python script.py` has it (a dataclass looks it up)
+    spec.loader.exec_module(module)
+    parser = module.parser()
+    assert isinstance(parser, ArgumentParser)
+    assert [action.option_strings or action.dest for action in parser._actions if not action.help] == []

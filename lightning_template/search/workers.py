@@ -19,6 +19,7 @@ from pathlib import Path
 from types import FrameType
 
 import torch
+from jsonargparse import ArgumentParser
 
 from lightning_template.engine.errors import ConfigError
 
@@ -79,11 +80,13 @@ def assignments(workers: int, accelerator: str) -> list[dict[str, str]]:
     return [{"OMP_NUM_THREADS": threads, "CUDA_VISIBLE_DEVICES": devices[i]} for i in range(workers)]
 
 
-def add_options(parser: argparse.ArgumentParser) -> None:
+def add_options(parser: ArgumentParser) -> None:
     parser.add_argument(
         "--workers", type=int, default=1, help="Processes at once on this machine: one per GPU, or CPU threads shared."
     )
-    parser.add_argument("--threads", type=int, help="CPU threads of this process (default: torch's own).")
+    parser.add_argument(
+        "--threads", type=int | None, default=None, help="CPU threads of this process (default: torch's own)."
+    )
     # Set on the processes `--workers N` starts: the one that started them writes the final results.
     parser.add_argument(WORKER_FLAG, action="store_true", help=argparse.SUPPRESS)
 

@@ -11,12 +11,13 @@ character, the same measure as the model's `val_loss` and `val_bpt`.
 
 from __future__ import annotations
 
-import argparse
 import math
 from collections import Counter
 
 import torch
+from jsonargparse import ArgumentParser
 
+from lightning_template.script_args import script_parser
 from lightning_template.tasks.language_model.data import FORTUNES_DIR, FortunesDataModule
 
 
@@ -38,13 +39,18 @@ def ngram_cross_entropy(train: torch.Tensor, evaluated: torch.Tensor, order: int
     return total / (len(held_out) - order + 1)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--corpus_dir", default=FORTUNES_DIR)
+def parser() -> ArgumentParser:
+    """The arguments of `python -m lightning_template.tasks.language_model.baseline`."""
+    parser = script_parser(__doc__)
+    parser.add_argument("--corpus_dir", default=FORTUNES_DIR, help="The fortune files.")
     parser.add_argument("--order", type=int, default=5, help="n: the model sees n-1 characters before each one.")
     parser.add_argument("--k", type=float, nargs="+", default=[0.001, 0.003, 0.01, 0.03, 0.1, 0.3, 1.0],
                         help="Add-k values tried; the best on validation is also scored on test.")  # fmt: skip
-    args = parser.parse_args()
+    return parser
+
+
+def main() -> None:
+    args = parser().parse_args()
     data = FortunesDataModule(corpus_dir=args.corpus_dir)
     vocabulary = data.vocabulary
     train, val, test = (vocabulary.stream(data.splits[split]) for split in ("train", "val", "test"))

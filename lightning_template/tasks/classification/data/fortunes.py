@@ -11,10 +11,12 @@ seeded 80/10/10 split) for `TextClassificationDataModule`:
 
 from __future__ import annotations
 
-import argparse
 import json
 import random
 from pathlib import Path
+from jsonargparse import ArgumentParser
+
+from lightning_template.script_args import script_parser
 from lightning_template.engine.errors import MissingFileError
 
 FORTUNES_DIR = Path("/usr/share/games/fortunes")
@@ -51,12 +53,17 @@ def build(out_dir: Path, topics: tuple[str, ...] = DEFAULT_TOPICS, seed: int = 0
     return {split: len(records) for split, records in splits.items()}
 
 
+def parser() -> ArgumentParser:
+    """The arguments of `python -m lightning_template.tasks.classification.data.fortunes`."""
+    parser = script_parser(__doc__)
+    parser.add_argument("out_dir", type=str, help="Folder for train/val/test.jsonl.")
+    parser.add_argument("--topics", nargs="+", default=list(DEFAULT_TOPICS), help="Fortune files, one label each.")
+    return parser
+
+
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("out_dir", type=Path)
-    parser.add_argument("--topics", nargs="+", default=list(DEFAULT_TOPICS))
-    args = parser.parse_args()
-    print(build(args.out_dir, tuple(args.topics)))
+    args = parser().parse_args()
+    print(build(Path(args.out_dir), tuple(args.topics)))
 
 
 if __name__ == "__main__":

@@ -14,7 +14,6 @@ and pass them as --data.mean/--data.std.
 
 from __future__ import annotations
 
-import argparse
 import functools
 import logging
 import os
@@ -30,6 +29,9 @@ from torchvision.datasets import ImageFolder
 from torchvision.datasets.folder import IMG_EXTENSIONS
 from torchvision.transforms import v2
 
+from jsonargparse import ArgumentParser
+
+from lightning_template.script_args import script_parser
 from lightning_template.tasks.classification.data.folds import check_fold, fold_split
 from lightning_template.tasks.classification.data.in_memory import DeviceImageTransforms, affine_normalize
 from lightning_template.engine.errors import ConfigError, DataError, MissingFileError
@@ -277,14 +279,19 @@ def compute_mean_std(folder: Path, image_size: int = 224, max_images: int = 5000
     return [round(v, 4) for v in mean.tolist()], [round(v, 4) for v in std.tolist()]
 
 
+def parser() -> ArgumentParser:
+    """The arguments of `python -m lightning_template.tasks.classification.data.image_folder`."""
+    parser = script_parser("Image-folder utilities: `stats <folder>` prints the --data.mean and --data.std to use.")
+    parser.add_argument("command", choices=["stats"], help="stats: the per-channel mean and std.")
+    parser.add_argument("folder", type=str, help="e.g. data/images/train")
+    parser.add_argument("--image_size", type=int, default=224, help="The side images are resized to, as in training.")
+    parser.add_argument("--max_images", type=int, default=5000, help="Images read (a sample of a larger folder).")
+    return parser
+
+
 def main() -> None:
-    parser = argparse.ArgumentParser(description="Image-folder utilities.")
-    parser.add_argument("command", choices=["stats"])
-    parser.add_argument("folder", type=Path, help="e.g. data/images/train")
-    parser.add_argument("--image_size", type=int, default=224)
-    parser.add_argument("--max_images", type=int, default=5000)
-    args = parser.parse_args()
-    mean, std = compute_mean_std(args.folder, args.image_size, args.max_images)
+    args = parser().parse_args()
+    mean, std = compute_mean_std(Path(args.folder), args.image_size, args.max_images)
     print(f"--data.mean '{mean}' --data.std '{std}'")
 
 
