@@ -27,13 +27,15 @@ from lightning_template.search.repeat import collected, plan, run_pending, varia
 
 def parser() -> ArgumentParser:
     parser = script_parser(__doc__)
-    parser.add_argument("--config", action="append", required=True, help="Job config(s), as for train.py.")
+    parser.add_argument(
+        "--config", action="append", required=True, help="Job config, as for train.py; given again, stacked in order."
+    )
     which = parser.add_mutually_exclusive_group(required=True)
     which.add_argument("--seeds", type=int, nargs="+", help="Run once per seed (--seed_everything).")
     which.add_argument("--folds", type=int, help="k-fold cross-validation: run folds 0..K-1 (--data.num_folds K).")
     parser.add_argument(
         "--name", type=str | None, default=None,
-        help="Folder under logs/multirun/ (default: <job>-seeds or <job>-<K>fold).",
+        help="Folder under logs/multirun/; null: <job>-seeds or <job>-<K>fold.",
     )  # fmt: skip
     workers.add_options(parser)
     return parser

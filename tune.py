@@ -41,17 +41,22 @@ from lightning_template.search.space import SpaceError, load_space
 
 def parser() -> ArgumentParser:
     parser = script_parser(__doc__)
-    parser.add_argument("--config", action="append", required=True, help="Job config(s), as for train.py.")
+    parser.add_argument(
+        "--config", action="append", required=True, help="Job config, as for train.py; given again, stacked in order."
+    )
     parser.add_argument("--search", type=str, required=True, help="Search space YAML (configs/search/).")
     parser.add_argument("--trials", type=int, default=20, help="Finished trials (complete or pruned) to reach.")
-    parser.add_argument("--study", type=str | None, default=None, help="Study name (default: <job>-<search>).")
+    parser.add_argument("--study", type=str | None, default=None, help="Study name; null: <job>-<search>.")
     parser.add_argument(
         "--storage", type=str | None, default=None,
-        help="Optuna RDB URL (default: sqlite:///logs/tune/<study>/study.db).",
+        help="Optuna RDB URL; null: sqlite:///logs/tune/<study>/study.db.",
     )  # fmt: skip
     parser.add_argument("--sampler", default="tpe", choices=["tpe", "random", "grid"], help="Optuna's sampler.")
     parser.add_argument(
-        "--pruner", default="median", choices=["median", "none"], help="Stop trials below the median of others."
+        "--pruner",
+        default="median",
+        choices=["median", "none"],
+        help="median: stop a trial below the median of the others at the same epoch; none: never.",
     )
     parser.add_argument("--prune_after_epochs", type=int, default=1, help="Never prune before this many epochs.")
     parser.add_argument("--seed", type=int | None, default=None, help="Sampler seed (the trials' own is train.py's).")

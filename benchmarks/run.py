@@ -261,7 +261,7 @@ def parser() -> ArgumentParser:
     parser.add_argument("--quick", action="store_true", help="Fewer repeats (under 3 minutes on 2 CPU cores).")
     parser.add_argument("--compile", action="store_true", help="Also time the models with torch.compile.")
     parser.add_argument(
-        "--out", type=str | None, default=None, help="JSON results (default benchmarks/results/bench[-quick].json)."
+        "--out", type=str | None, default=None, help="JSON results; null: benchmarks/results/bench[-quick].json."
     )
     return parser
 

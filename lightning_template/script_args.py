@@ -7,6 +7,10 @@ Imports neither torch nor Lightning, for a script that runs without them.
 from __future__ import annotations
 
 import argparse
+import difflib
+import re
+import sys
+from typing import NoReturn
 
 from jsonargparse import ArgumentParser, DefaultHelpFormatter
 
@@ -15,9 +19,24 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter, DefaultHelpFormatter):
     """jsonargparse's help (types, defaults), with the description's line breaks kept."""
 
 
+class ScriptParser(ArgumentParser):
+    def error(self, message: str, ex: Exception | None = None) -> NoReturn:
+        """The reason in one line, as train.py gives it, instead of the usage above it."""
+        if not self.exit_on_error:  # a caller that handles the error itself
+            super().error(message, ex)
+        message = " ".join(message.split())
+        unknown = re.search(r"unrecognized arguments: (.*)", message)
+        words = [w.partition("=")[0] for w in unknown.group(1).split() if w.startswith("--")] if unknown else []
+        near = [m for w in words for m in difflib.get_close_matches(w, list(self._option_string_actions), n=1)]
+        hint = f"did you mean {' / '.join(near)}?\n" if near else ""
+        sys.stderr.write(f"error: {message}\n{hint}`{self.prog} --help` lists the options.\n")
+        self.exit(2)
+
+
 def script_parser(doc: str | None) -> ArgumentParser:
-    """The parser of a script whose module docstring is `doc`."""
-    return ArgumentParser(description=doc, formatter_class=HelpFormatter)
+    """The parser of a script whose module docstring is `doc`. Options are spelled in full (jsonargparse's coming
+    default): `split_flags` knows a script's own options by their names."""
+    return ScriptParser(description=doc, formatter_class=HelpFormatter, allow_abbrev=False)
 
 
 def split_flags(parser: ArgumentParser, argv: list[str]) -> tuple[list[str], list[str]]:

@@ -432,7 +432,7 @@ def test_a_checkpoint_alone_tests_on_its_data_or_names_the_option_for_data_that_
     assert moved.trainer.callback_metrics["test_acc"] == alone.trainer.callback_metrics["test_acc"]
 
 
-def test_a_script_keeps_its_own_options_and_passes_every_other_flag_to_train_py() -> None:
+def test_a_script_keeps_its_own_options_and_passes_every_other_flag_to_train_py(capsys) -> None:
     parser = script_parser("A script.")
     parser.add_argument("--config", action="append", required=True, help="Job config(s).")
     parser.add_argument("--seeds", type=int, nargs="+", help="Seeds.")
@@ -442,6 +442,14 @@ def test_a_script_keeps_its_own_options_and_passes_every_other_flag_to_train_py(
     assert own == ["--config", "a.yaml", "--seeds", "1", "2", "--config=b.yaml", "-h"]
     assert rest == ["--trainer.max_epochs", "3", "--model.init_args.lr=-1e-3", "--model.lr", "-0.5", "--data.topics",
                     "food", "work"]  # fmt: skip
+    refusals = [
+        (["--seeds", "x"], "error: Parser key \"seeds\" element 1: Expected a <class 'int'>. Got value: x"),
+        (["--see", "1"], "error: unrecognized arguments: --see 1\ndid you mean --seeds?"),
+    ]
+    for argv, said in refusals:
+        with pytest.raises(SystemExit):
+            parser.parse_args(["--config=a.yaml", *argv])
+        assert capsys.readouterr().err.startswith(f"{said}\n`")  # the reason first, in one line; no usage above it
 
 
 # Every script that parses a command line of its own (train.py and export.py are LightningCLI's).

@@ -211,6 +211,11 @@ def named_subcommand(args: Any) -> str | None:
 
 
 class ProjectParser(LightningArgumentParser):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        # An option spelled in part is refused with the nearest full name, not read as whichever one it begins.
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
+
     def error(self, message: str, ex: Exception | None = None) -> NoReturn:
         """The reason first, with the nearest valid name, instead of argparse's 80-line usage above it."""
         if not self.exit_on_error or os.environ.get("JSONARGPARSE_DEBUG"):  # jsonargparse's raise, unchanged

@@ -96,9 +96,12 @@ def make_pruner(name: str, warmup_epochs: int) -> optuna.pruners.BasePruner:
 
 def check_settings(study: optuna.Study, storage_url: str, now: dict[str, Any], params: list[Param]) -> None:
     """A study's trials all run with one set of train.py settings `now` (the searched keys aside): recorded until
-    its first trial, then a run with other flags or config contents is refused, naming what changed."""
+    its first trial that trains, then a run with other flags or config contents is refused, naming what changed.
+    A trial that failed before training started (a setting train.py refused) ran nothing: the same command with
+    the setting fixed goes on with the same study."""
     before = study.user_attrs.get("settings")
-    if before is None or not study.get_trials(deepcopy=False):  # new (or from before settings were recorded)
+    trained = [t for t in study.get_trials(deepcopy=False) if t.state != TrialState.FAIL or "run" in t.user_attrs]
+    if before is None or not trained:  # new (or from before settings were recorded)
         study.set_user_attr("settings", now)
         return
     searched = {runs.setting_key(p.key) for p in params}  # set by each trial, whatever the flags say

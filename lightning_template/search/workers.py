@@ -85,7 +85,7 @@ def add_options(parser: ArgumentParser) -> None:
         "--workers", type=int, default=1, help="Processes at once on this machine: one per GPU, or CPU threads shared."
     )
     parser.add_argument(
-        "--threads", type=int | None, default=None, help="CPU threads of this process (default: torch's own)."
+        "--threads", type=int | None, default=None, help="CPU threads of this process; null: torch's own count."
     )
     # Set on the processes `--workers N` starts: the one that started them writes the final results.
     parser.add_argument(WORKER_FLAG, action="store_true", help=argparse.SUPPRESS)

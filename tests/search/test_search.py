@@ -196,6 +196,10 @@ def test_a_trial_that_cannot_start_stops_the_search_with_its_error(tmp_path, mon
     assert stop.value.code == 1
     assert "failed before training started" in capsys.readouterr().err
     assert len(load(tmp_path / "logs" / "tune" / "f", "f").trials) == 1  # not one failing trial after another
+    # It trained nothing with that setting: the same command without it goes on with the study.
+    tune.main(["--config", JOB, "--search", str(path), "--trials=1", "--study=f", *TINY])
+    states = [trial.state for trial in load(tmp_path / "logs" / "tune" / "f", "f").trials]
+    assert states == [optuna.trial.TrialState.FAIL, optuna.trial.TrialState.COMPLETE]
 
 
 @pytest.mark.slow

@@ -13,9 +13,9 @@ import numpy as np
 import torch
 import torchvision
 
+from lightning_template.engine.errors import ConfigError
 from lightning_template.tasks.classification.data.files import resolve_dataset_dir, torchvision_download
 from lightning_template.tasks.classification.data.in_memory import Batch, InMemoryImageDataModule
-from lightning_template.engine.errors import ConfigError
 
 TRAIN_BATCHES = [f"data_batch_{i}" for i in range(1, 6)]
 TEST_BATCH = "test_batch"

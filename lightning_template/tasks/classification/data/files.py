@@ -5,6 +5,7 @@ from __future__ import annotations
 import socket
 from collections.abc import Callable, Sequence
 from pathlib import Path
+
 from lightning_template.engine.errors import MissingFileError
 
 DOWNLOAD_TIMEOUT_S = 20.0

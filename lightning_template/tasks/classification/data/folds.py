@@ -8,6 +8,7 @@ their mean ± std.
 from __future__ import annotations
 
 import torch
+
 from lightning_template.engine.errors import ConfigError
 
 

@@ -14,10 +14,11 @@ from __future__ import annotations
 import json
 import random
 from pathlib import Path
+
 from jsonargparse import ArgumentParser
 
-from lightning_template.script_args import script_parser
 from lightning_template.engine.errors import MissingFileError
+from lightning_template.script_args import script_parser
 
 FORTUNES_DIR = Path("/usr/share/games/fortunes")
 DEFAULT_TOPICS = ("computers", "food", "men-women", "politics", "science", "songs-poems", "startrek", "work")

@@ -12,6 +12,7 @@ import gzip
 from pathlib import Path
 
 import torch
+
 from lightning_template.engine.errors import ConfigError
 
 SPLIT_FILES = {

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import torch
+from jsonargparse import ArgumentParser
 from lightning import LightningDataModule
 from PIL import Image, UnidentifiedImageError
 from torch.utils.data import DataLoader, default_collate
@@ -29,15 +30,12 @@ from torchvision.datasets import ImageFolder
 from torchvision.datasets.folder import IMG_EXTENSIONS
 from torchvision.transforms import v2
 
-from jsonargparse import ArgumentParser
-
+from lightning_template.engine.errors import ConfigError, DataError, MissingFileError
 from lightning_template.script_args import script_parser
 from lightning_template.tasks.classification.data.folds import check_fold, fold_split
 from lightning_template.tasks.classification.data.in_memory import DeviceImageTransforms, affine_normalize
-from lightning_template.engine.errors import ConfigError, DataError, MissingFileError
 from lightning_template.tasks.classification.input_spec import eight_bit
-from lightning_template.tasks.loaders import seeded_sample
-from lightning_template.tasks.loaders import SplitLoaders, make_loader
+from lightning_template.tasks.loaders import SplitLoaders, make_loader, seeded_sample
 
 log = logging.getLogger(__name__)
 IMAGENET_MEAN = (0.485, 0.456, 0.406)

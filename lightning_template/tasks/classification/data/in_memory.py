@@ -16,10 +16,10 @@ from lightning import LightningDataModule
 from lightning.pytorch.utilities import rank_zero_info
 from torch.utils.data import DataLoader, Dataset
 
+from lightning_template.engine.errors import ConfigError
 from lightning_template.tasks.classification.data.folds import check_fold, fold_split
 from lightning_template.tasks.classification.input_spec import center_crop_box, normalization
 from lightning_template.tasks.loaders import SplitLoaders, make_loader
-from lightning_template.engine.errors import ConfigError
 
 Batch = tuple[torch.Tensor, torch.Tensor]
 

@@ -17,7 +17,6 @@ from __future__ import annotations
 import csv
 import json
 import math
-import re
 from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
@@ -27,11 +26,12 @@ import torch
 from lightning import LightningDataModule, Trainer
 from torch.utils.data import DataLoader, Dataset
 
+from lightning_template.engine.errors import ConfigError, DataError, MissingFileError
+from lightning_template.engine.sampling import EpochSampler, global_seed
 from lightning_template.tasks.classification.data.folds import check_fold, fold_split
 from lightning_template.tasks.classification.input_spec import TOKEN_PATTERN, split_words
-from lightning_template.engine.sampling import EpochSampler, global_seed
 from lightning_template.tasks.loaders import SplitLoaders, make_loader
-from lightning_template.engine.errors import ConfigError, MissingFileError, DataError
+
 
 class WordTokenizer:
     PAD, UNK = "<pad>", "<unk>"
@@ -98,7 +98,9 @@ def read_records(path: Path, text_column: str, label_column: str | None) -> list
         # A short CSV row (DictReader's None), an empty cell or JSON null would otherwise become a class "None" or "".
         blank = [c for c in columns if row[c] is None or (c == label_column and str(row[c]).strip() == "")]
         if blank:
-            raise ConfigError(f"{path}:{number}: {blank[0]!r} is missing or empty; give every record one, or remove it.")
+            raise ConfigError(
+                f"{path}:{number}: {blank[0]!r} is missing or empty; give every record one, or remove it."
+            )
     return [(str(row[text_column]), str(row[label_column]) if label_column else None) for _, row in rows]
 
 
@@ -289,7 +291,9 @@ class TextClassificationDataModule(SplitLoaders, LightningDataModule):
         label_ids = {name: i for i, name in enumerate(self.class_names)}
         unknown = sorted({label for _, label in records if with_labels and label not in label_ids})
         if unknown:
-            raise ConfigError(f"{source}: labels {unknown[:10]} do not occur in the training labels {self.class_names}.")
+            raise ConfigError(
+                f"{source}: labels {unknown[:10]} do not occur in the training labels {self.class_names}."
+            )
         ids = [self.tokenizer.encode(text, self.max_length) for text, _ in records]
         labels = [label_ids[label] if with_labels else -1 for _, label in records]  # type: ignore[index]
         return EncodedTexts(ids, labels)
