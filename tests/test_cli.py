@@ -452,7 +452,7 @@ def test_a_script_keeps_its_own_options_and_passes_every_other_flag_to_train_py(
         assert capsys.readouterr().err.startswith(f"{said}\n`")  # the reason first, in one line; no usage above it
 
 
-# Every script that parses a command line of its own (train.py and export.py are LightningCLI's).
+# Every script that parses a command line of its own (train.py's is LightningCLI's).
 SCRIPTS = sorted(
     path
     for folder in [
