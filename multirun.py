@@ -20,7 +20,7 @@ from pathlib import Path
 from jsonargparse import ArgumentParser
 
 from lightning_template.engine.errors import ProjectError
-from lightning_template.script_args import script_parser, split_flags
+from lightning_template.script_args import did_you_mean, script_parser, split_flags
 from lightning_template.search import runs, workers
 from lightning_template.search.repeat import collected, plan, run_pending, variants, write_summary
 
@@ -65,7 +65,7 @@ def main(argv: list[str] | None = None) -> None:
         else:
             run_pending(out, name, todo)
     except (ValueError, ProjectError) as err:  # train.py's refusals (a flag, a missing file): one line, exit 1
-        sys.exit(f"multirun.py: {err}")
+        sys.exit(f"multirun.py: {err}\n{did_you_mean(str(err), multirun_parser)}".rstrip())
     except runs.Interrupted:
         print("Stopped: run the same command to finish the set.", flush=True)
         sys.exit(128 + signal.SIGTERM)

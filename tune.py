@@ -23,7 +23,7 @@ from jsonargparse import ArgumentParser
 from optuna.trial import TrialState
 
 from lightning_template.engine.errors import ConfigError
-from lightning_template.script_args import script_parser, split_flags
+from lightning_template.script_args import did_you_mean, script_parser, split_flags
 from lightning_template.search import runs, workers
 from lightning_template.search.search import (
     Search,
@@ -107,7 +107,7 @@ def main(argv: list[str] | None = None) -> None:
         check_choices(study, params, search_file)
         check_settings(study, storage_url, config.settings(), params)
     except ConfigError as err:  # the space, the storage, train.py's flags, --workers: one line
-        sys.exit(f"tune.py: {err}")
+        sys.exit(f"tune.py: {err}\n{did_you_mean(str(err), tune_parser)}".rstrip())
     search = Search(
         study, config, job, job_flags, train_flags, params, args.trials, f"tune/{study_name}", monitor, storage
     )

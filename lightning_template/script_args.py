@@ -25,12 +25,17 @@ class ScriptParser(ArgumentParser):
         if not self.exit_on_error:  # a caller that handles the error itself
             super().error(message, ex)
         message = " ".join(message.split())
-        unknown = re.search(r"unrecognized arguments: (.*)", message)
-        words = [w.partition("=")[0] for w in unknown.group(1).split() if w.startswith("--")] if unknown else []
-        near = [m for w in words for m in difflib.get_close_matches(w, list(self._option_string_actions), n=1)]
-        hint = f"did you mean {' / '.join(near)}?\n" if near else ""
-        sys.stderr.write(f"error: {message}\n{hint}`{self.prog} --help` lists the options.\n")
+        sys.stderr.write(f"error: {message}\n{did_you_mean(message, self)}`{self.prog} --help` lists the options.\n")
         self.exit(2)
+
+
+def did_you_mean(message: str, parser: ArgumentParser) -> str:
+    """A line naming the options of `parser` nearest to those an "unrecognized arguments" `message` names, or ""
+    (for a script's own options, and for a typo in one that `split_flags` passed on to train.py)."""
+    unknown = re.search(r"unrecognized arguments: (.*)", message)
+    words = [w.partition("=")[0] for w in unknown.group(1).split() if w.startswith("--")] if unknown else []
+    near = [m for w in words for m in difflib.get_close_matches(w, list(parser._option_string_actions), n=1)]
+    return f"did you mean {' / '.join(near)}?\n" if near else ""
 
 
 def script_parser(doc: str | None) -> ArgumentParser:

@@ -174,6 +174,8 @@ def test_bad_search_space_is_refused_naming_the_key(tmp_path, space, message):
     [
         ({"model.no_such_option": {"uniform": [0, 1]}}, [], "refuses the key or value of model.no_such_option"),
         ({"model.dropout": {"uniform": [0, 1]}}, ["--storage", "postgresql://nobody@127.0.0.1:1/x"], "--storage"),
+        # A misspelled option of tune.py's own goes to train.py, which refuses it; the nearest is tune.py's.
+        ({"model.dropout": {"uniform": [0, 1]}}, ["--trails", "3"], "--trails 3\ndid you mean --trials?"),
     ],
 )
 def test_search_refuses_unknown_key_or_bad_storage_before_training(
