@@ -8,7 +8,6 @@ one a new Lightning release moved, so an upgrade is a matter of editing this fil
 from __future__ import annotations
 
 import contextlib
-import functools
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -262,15 +261,6 @@ def datamodules_named_by_class() -> Iterator[None]:
 # Lightning calls every hook of every callback, through `profiler.profile(f"[Callback]{callback.state_key}...")`
 # whatever the profiler: about 80 calls in each training step of a run with the engine's and a task's callbacks, of
 # which fewer than ten do anything. Where the run chose no profiler, what follows calls only those.
-
-
-class StateKeyOnce:
-    """A callback whose `state_key` (a repr of its arguments, which ModelCheckpoint and EarlyStopping format on each
-    read) is formatted once: it depends only on the arguments the callback was made with."""
-
-    @functools.cached_property
-    def state_key(self) -> str:
-        return super().state_key  # type: ignore[misc]
 
 
 class HooksUnprofiled(PassThroughProfiler):

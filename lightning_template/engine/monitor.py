@@ -14,10 +14,9 @@ from lightning import Callback, LightningModule, Trainer
 from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
 
 from lightning_template.engine.errors import ConfigError
-from lightning_template.engine.lightning_internals import StateKeyOnce
 
 
-class BestCheckpoint(StateKeyOnce, ModelCheckpoint):
+class BestCheckpoint(ModelCheckpoint):
     """Lightning's ModelCheckpoint, with epochs counted from 1 in file names, as the console counts them
     (`epoch=5-...` after the 5th epoch)."""
 
@@ -32,7 +31,7 @@ class BestCheckpoint(StateKeyOnce, ModelCheckpoint):
         return super().format_checkpoint_name(metrics, *args, **kwargs)
 
 
-class EarlyStop(StateKeyOnce, EarlyStopping):
+class EarlyStop(EarlyStopping):
     """Lightning's EarlyStopping, which `--early_stopping.monitor null` turns off (the CLI then leaves it out)."""
 
     def __init__(self, monitor: str | None, **kwargs: Any) -> None:

@@ -36,7 +36,6 @@ from lightning.pytorch.utilities.warnings import PossibleUserWarning
 
 from lightning_template.engine.errors import ConfigError
 from lightning_template.engine.lightning_internals import (
-    StateKeyOnce,
     closes_accumulation_window,
     cluster_environment,
     counted_restored_epoch_done,
@@ -132,7 +131,7 @@ def warn_skipped_validation(epoch: int, done: int) -> None:
     )
 
 
-class ResumeCheckpoint(StateKeyOnce, ModelCheckpoint):
+class ResumeCheckpoint(ModelCheckpoint):
     """`last.ckpt`, rewritten at every epoch end (or validation) and on a graceful stop, never half a step.
 
     Installed in every run by train.py; `--ckpt_path last` resumes from it."""
