@@ -19,8 +19,10 @@ import pytest
 import torch
 from lightning import Callback, Trainer, seed_everything
 from lightning.pytorch.callbacks import ModelCheckpoint
+from torch.utils.data import DataLoader, IterableDataset, RandomSampler, TensorDataset
 
 from lightning_template.engine import ExactResume, ResumeCheckpoint
+from lightning_template.engine.sampling import resumable_loader
 from lightning_template.tasks.classification import FashionMNISTDataModule, SimpleCNN
 
 from tests import matrix
@@ -272,3 +274,31 @@ def test_exact_mid_epoch_resume_is_not_called_unresumable(tmp_path: Path, fashio
         _fit(tmp_path, max_epochs=1, ckpt_path=str(tmp_path / "last.ckpt"))
     assert not [w for w in caught if "not resumable" in str(w.message)]
     assert warnings.filters == filters
+
+
+class _Counting(IterableDataset):
+    def __iter__(self):
+        return iter(range(8))
+
+
+class _OwnLoader(DataLoader):
+    """A DataLoader subclass: its own iteration, which a rebuilt plain loader would drop."""
+
+
+@pytest.mark.parametrize(
+    ("make", "why"),
+    [
+        (lambda d: DataLoader(d, batch_size=4, sampler=RandomSampler(d, replacement=True)), "draws with replacement"),
+        (lambda d: DataLoader(d, batch_size=None), "does not batch (batch_size=None)"),
+        (lambda d: DataLoader(_Counting(), batch_size=4), "reads an IterableDataset (_Counting)"),
+        (lambda d: _OwnLoader(d, batch_size=4, shuffle=True), "is a _OwnLoader (a DataLoader subclass)"),
+        (lambda d: [DataLoader(d, batch_size=4), DataLoader(d, batch_size=4)], "are a list of 2"),
+        (lambda d: iter(DataLoader(d, batch_size=4)), "not one DataLoader"),
+    ],
+)
+def test_a_loader_that_cannot_continue_mid_epoch_is_kept_as_it_is_with_the_reason(make, why) -> None:
+    """What ExactResume warns with (once at the start of fit, again at a mid-epoch resume): each reason named."""
+    data = TensorDataset(torch.arange(16.0))
+    loader = make(data)
+    kept, reason = resumable_loader(loader, trainer=None)
+    assert kept is loader and why in reason
