@@ -11,13 +11,18 @@ import csv
 import os
 import signal
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
+from lightning import Trainer
+from lightning.pytorch.demos.boring_classes import BoringModel, RandomDataset
 from lightning.pytorch.utilities.exceptions import SIGTERMException
+from torch.utils.data import DataLoader
 
 from lightning_template.engine.cli import ProjectCLI
 from lightning_template.engine.errors import ConfigError, MissingFileError
+from lightning_template.engine.predictions import CSVPredictionWriter
 
 from tests.conftest import last_checkpoint, sigterm_at, train_process
 from tests.helpers import same_state
@@ -273,3 +278,25 @@ def test_a_checkpoint_alone_validates_and_predicts_or_says_what_to_give(tmp_path
         ProjectCLI(args=["test", "--ckpt_path=away.ckpt", *quiet])
     with pytest.raises(ConfigError, match=r"--ckpt_path best is found among the runs of a job: give its --config"):
         ProjectCLI(args=["test", "--ckpt_path=best", *quiet])
+    checkpoint = torch.load(last, weights_only=True)
+    del checkpoint["hyper_parameters"]["_class_path"]  # as a plain Trainer writes it
+    torch.save(checkpoint, "plain.ckpt")
+    with pytest.raises(ConfigError, match=r"--ckpt_path plain.ckpt: the checkpoint does not name its model's class"):
+        ProjectCLI(args=["test", "--ckpt_path=plain.ckpt", *quiet])
+    with pytest.raises(MissingFileError, match=r"--ckpt_path best: this run has no logger, so no run folder"):
+        ProjectCLI(args=["test", *PLAIN, "--ckpt_path=best", *quiet])
+
+
+def test_a_prediction_of_no_rows_leaves_no_file_and_says_so(tmp_path: Path, capsys) -> None:
+    """No CSV of a header alone passes for a result."""
+
+    class NoRows(BoringModel):
+        def prediction_rows(self, outputs: Any, indices: list[int]) -> list[dict[str, Any]]:
+            return []
+
+    output = tmp_path / "predictions.csv"
+    trainer = Trainer(logger=False, enable_progress_bar=False, enable_model_summary=False,
+                      callbacks=[CSVPredictionWriter(str(output))])  # fmt: skip
+    trainer.predict(NoRows(), DataLoader(RandomDataset(32, 8), batch_size=4))
+    assert not output.exists()
+    assert f"no predictions: the predict data was empty; nothing written to {output}" in capsys.readouterr().out
