@@ -20,7 +20,7 @@ from pathlib import Path
 from jsonargparse import ArgumentParser
 
 from lightning_template.engine.errors import ProjectError
-from lightning_template.script_args import did_you_mean, script_parser, split_flags
+from lightning_template.script_args import did_you_mean, parse_known, script_parser
 from lightning_template.search import runs, workers
 from lightning_template.search.repeat import collected, plan, run_pending, variants, write_summary
 
@@ -44,8 +44,7 @@ def parser() -> ArgumentParser:
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     multirun_parser = parser()
-    own, train_flags = split_flags(multirun_parser, argv)
-    args = multirun_parser.parse_args(own)
+    args, train_flags = parse_known(multirun_parser, argv)
     job = Path(args.config[0]).stem
     name = args.name or (f"{job}-{args.folds}fold" if args.folds else f"{job}-seeds")
     flags = [*(f"--config={c}" for c in args.config), *train_flags]

@@ -23,7 +23,7 @@ from jsonargparse import ArgumentParser
 from optuna.trial import TrialState
 
 from lightning_template.engine.errors import ConfigError
-from lightning_template.script_args import did_you_mean, script_parser, split_flags
+from lightning_template.script_args import did_you_mean, parse_known, script_parser
 from lightning_template.search import runs, workers
 from lightning_template.search.search import (
     Search,
@@ -67,8 +67,7 @@ def parser() -> ArgumentParser:
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     tune_parser = parser()
-    own, train_flags = split_flags(tune_parser, argv)
-    args = tune_parser.parse_args(own)
+    args, train_flags = parse_known(tune_parser, argv)
     search_file = Path(args.search)
     if args.trials < 1:
         sys.exit("tune.py: --trials must be at least 1.")

@@ -12,7 +12,7 @@ import re
 import sys
 from typing import NoReturn
 
-from jsonargparse import ArgumentParser, DefaultHelpFormatter
+from jsonargparse import ArgumentParser, DefaultHelpFormatter, Namespace
 
 
 class HelpFormatter(argparse.RawDescriptionHelpFormatter, DefaultHelpFormatter):
@@ -29,25 +29,30 @@ class ScriptParser(ArgumentParser):
         self.exit(2)
 
 
-def did_you_mean(message: str, parser: ArgumentParser) -> str:
-    """A line naming the options of `parser` nearest to those an "unrecognized arguments" `message` names, or ""
-    (for a script's own options, and for a typo in one that `split_flags` passed on to train.py)."""
+def nearest_options(message: str, parser: ArgumentParser) -> list[str]:
+    """The options of `parser` nearest to those an "unrecognized arguments" `message` names."""
     unknown = re.search(r"unrecognized arguments: (.*)", message)
     words = [w.partition("=")[0] for w in unknown.group(1).split() if w.startswith("--")] if unknown else []
-    near = [m for w in words for m in difflib.get_close_matches(w, list(parser._option_string_actions), n=1)]
+    return [m for w in words for m in difflib.get_close_matches(w, list(parser._option_string_actions), n=1)]
+
+
+def did_you_mean(message: str, parser: ArgumentParser) -> str:
+    """A line naming the nearest options (`nearest_options`), or "": for a script's own options, and for a typo in
+    one that `parse_known` passed on to train.py."""
+    near = nearest_options(message, parser)
     return f"did you mean {' / '.join(near)}?\n" if near else ""
 
 
 def script_parser(doc: str | None) -> ArgumentParser:
     """The parser of a script whose module docstring is `doc`. Options are spelled in full (jsonargparse's coming
-    default): `split_flags` knows a script's own options by their names."""
+    default): `parse_known` knows a script's own options by their names."""
     return ScriptParser(description=doc, formatter_class=HelpFormatter, allow_abbrev=False)
 
 
-def split_flags(parser: ArgumentParser, argv: list[str]) -> tuple[list[str], list[str]]:
-    """(the script's own options, the rest): `argv` split for a script that passes every flag it does not know on to
-    `train.py fit` (jsonargparse parses only what it knows, so that no typo is silently dropped; the rest is
-    checked by train.py's parser). A value goes with the option before it."""
+def parse_known(parser: ArgumentParser, argv: list[str]) -> tuple[Namespace, list[str]]:
+    """(the script's own options, parsed; the other flags): for a script that passes every flag it does not know on
+    to `train.py fit`, whose parser checks them (jsonargparse has no `parse_known_args`, so that no typo is silently
+    dropped). A value goes with the option before it."""
     own_names = set(parser._option_string_actions)  # every spelling of the parser's options, -h included
     own: list[str] = []
     rest: list[str] = []
@@ -56,7 +61,7 @@ def split_flags(parser: ArgumentParser, argv: list[str]) -> tuple[list[str], lis
         if arg.startswith("-") and not _is_number(arg):
             to = own if arg.partition("=")[0] in own_names else rest
         to.append(arg)
-    return own, rest
+    return parser.parse_args(own), rest
 
 
 def _is_number(arg: str) -> bool:

@@ -18,7 +18,7 @@ from lightning_template.engine import ExactResume, FiniteLossGuard, ResumeCheckp
 from lightning_template.engine.cli import DATA_FACTS, ProjectCLI, main, named_subcommand
 from lightning_template.engine.errors import ConfigError, MissingFileError
 from lightning_template.engine.monitor import EarlyStop
-from lightning_template.script_args import script_parser, split_flags
+from lightning_template.script_args import parse_known, script_parser
 from lightning_template.tasks.classification import SimpleCNN
 
 from tests.conftest import QUICK, ROOT, offline_flags, run_cli, save_random_weights
@@ -214,6 +214,9 @@ def test_bad_options_fail_before_any_data_loads(capsys) -> None:
     with pytest.raises(SystemExit):
         ProjectCLI(args=[*config, "--model.init_args.lrr=0.1"], run=False)
     assert "lrr" in capsys.readouterr().err
+    with pytest.raises(SystemExit):  # a name spelled in part is not read as the option it begins
+        ProjectCLI(args=[*config, "--trainer.max_epoch=1"], run=False)
+    assert "did you mean --trainer.max_epochs?" in capsys.readouterr().err
 
 
 def test_a_cosine_schedule_without_an_end_is_refused_before_the_first_step(
@@ -437,15 +440,18 @@ def test_a_script_keeps_its_own_options_and_passes_every_other_flag_to_train_py(
     parser.add_argument("--config", action="append", required=True, help="Job config(s).")
     parser.add_argument("--seeds", type=int, nargs="+", help="Seeds.")
     argv = ["--config", "a.yaml", "--trainer.max_epochs", "3", "--seeds", "1", "2", "--model.init_args.lr=-1e-3",
-            "--model.lr", "-0.5", "--config=b.yaml", "--data.topics", "food", "work", "-h"]  # fmt: skip
-    own, rest = split_flags(parser, argv)
-    assert own == ["--config", "a.yaml", "--seeds", "1", "2", "--config=b.yaml", "-h"]
+            "--model.lr", "-0.5", "--config=b.yaml", "--data.topics", "food", "work"]  # fmt: skip
+    args, rest = parse_known(parser, argv)
+    assert args.config == ["a.yaml", "b.yaml"] and args.seeds == [1, 2]
     assert rest == ["--trainer.max_epochs", "3", "--model.init_args.lr=-1e-3", "--model.lr", "-0.5", "--data.topics",
                     "food", "work"]  # fmt: skip
     refusals = [
         (["--seeds", "x"], "error: Parser key \"seeds\" element 1: Expected a <class 'int'>. Got value: x"),
         (["--see", "1"], "error: unrecognized arguments: --see 1\ndid you mean --seeds?"),
     ]
+    with pytest.raises(SystemExit) as stop:  # --help is the script's own, wherever it stands
+        parse_known(parser, ["--trainer.max_epochs", "3", "-h"])
+    assert stop.value.code == 0 and "--seeds SEEDS" in capsys.readouterr().out
     for argv, said in refusals:
         with pytest.raises(SystemExit):
             parser.parse_args(["--config=a.yaml", *argv])
@@ -464,7 +470,7 @@ SCRIPTS = sorted(
         ),
     ]
     for path in (folder.glob("*.py") if folder == ROOT else folder.rglob("*.py"))
-    if '__name__ == "__main__"' in (text := path.read_text()) and "parse_args(" in text
+    if '__name__ == "__main__"' in (text := path.read_text()) and re.search(r"\bparse_(args|known)\(", text)
 )
 
 

@@ -67,6 +67,7 @@ from lightning_template.engine.tracking import (
     name_new_run,
     run_location,
 )
+from lightning_template.script_args import nearest_options
 
 ROOT = Path(__file__).resolve().parents[2]  # the project: configs/ and the scripts
 DEFAULTS = ROOT / "configs" / "defaults.yaml"
@@ -173,9 +174,7 @@ def did_you_mean(message: str, parser: LightningArgumentParser) -> str:
     """A line suggesting the nearest option, class argument, choice or file for a parser error, or ""."""
     close = lambda word, choices: difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)  # noqa: E731
     suggestions: list[str] = []
-    if found := re.search(r"unrecognized arguments: (.*)", message):
-        for word in (arg.partition("=")[0] for arg in found.group(1).split() if arg.startswith("--")):
-            suggestions += close(word, parser._option_string_actions)
+    suggestions += nearest_options(message, parser)
     top, nested = re.match(r'Parser key "([\w.]+)"', message), re.search(r"NestedArg\(key='([\w.]+)'", message)
     classes = re.findall(r"class_path[ =]'([\w.]+)'", message)  # the last one is the class that refused the key
     if top and nested and classes and "is not accepted" in message:
