@@ -287,7 +287,7 @@ def test_a_checkpoint_alone_validates_and_predicts_or_says_what_to_give(tmp_path
         ProjectCLI(args=["test", *PLAIN, "--ckpt_path=best", *quiet])
 
 
-def test_a_prediction_of_no_rows_leaves_no_file_and_says_so(tmp_path: Path, capsys) -> None:
+def test_a_prediction_of_no_rows_or_no_batches_leaves_no_file_and_says_so(tmp_path: Path, capsys) -> None:
     """No CSV of a header alone passes for a result."""
 
     class NoRows(BoringModel):
@@ -297,6 +297,11 @@ def test_a_prediction_of_no_rows_leaves_no_file_and_says_so(tmp_path: Path, caps
     output = tmp_path / "predictions.csv"
     trainer = Trainer(logger=False, enable_progress_bar=False, enable_model_summary=False,
                       callbacks=[CSVPredictionWriter(str(output))])  # fmt: skip
+    said = f"no predictions: the predict data was empty; nothing written to {output}"
     trainer.predict(NoRows(), DataLoader(RandomDataset(32, 8), batch_size=4))
     assert not output.exists()
-    assert f"no predictions: the predict data was empty; nothing written to {output}" in capsys.readouterr().out
+    assert said in capsys.readouterr().out
+    output.write_text("an earlier run's rows\n")
+    trainer.predict(BoringModel(), DataLoader(RandomDataset(32, 0), batch_size=4))  # no batch: Lightning skips the loop
+    assert not output.exists()
+    assert said in capsys.readouterr().out

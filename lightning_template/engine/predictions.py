@@ -13,7 +13,7 @@ the values of what `predict_step` returns, a row per sample:
 - a tuple or list of tensors [batch, ...]: as a dict with keys `output0`, `output1`, ...
 Anything else (a scalar, a value not per sample) is refused in one line, and no file is left. With several predict
 loaders, the first column `dataloader_idx` says which loader a row comes from. A run that fails removes its file: no
-partial CSV passes for a result.
+partial CSV passes for a result; one with no rows (or no batches) writes none, and says so.
 """
 
 from __future__ import annotations
@@ -79,6 +79,7 @@ class CSVPredictionWriter(BasePredictionWriter):
         self._file: Any = None
         self._rows = 0
         self._streamed: dict[int, int] = {}  # per loader without sample indices (an IterableDataset): samples so far
+        self._started = False  # whether this predict ran its loop: Lightning skips it where there are no batches
 
     def _path(self, trainer: Trainer) -> Path:
         path = self.output_file
@@ -92,10 +93,12 @@ class CSVPredictionWriter(BasePredictionWriter):
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         if stage == "predict":
             self.remove_earlier_output(trainer)
+            self._started = False
 
     def on_predict_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         path = self._path(trainer)
         path.parent.mkdir(parents=True, exist_ok=True)
+        self._started = True
         self._file = open(path, "w", newline="", encoding="utf-8")  # noqa: SIM115 (closed in on_predict_end)
         self._writer, self._rows, self._streamed = None, 0, {}  # its columns come with the first rows
 
@@ -137,8 +140,12 @@ class CSVPredictionWriter(BasePredictionWriter):
             print(f"predictions written to {self._file.name} ({self._rows} rows)", flush=True)
         else:
             Path(self._file.name).unlink()
-            print(f"no predictions: the predict data was empty; nothing written to {self._file.name}", flush=True)
+            _say_nothing_written(self._file.name)
         self._file = None
+
+    def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        if stage == "predict" and not self._started:  # not called after a failure: on_exception is
+            _say_nothing_written(self._path(trainer))
 
     def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
         if self._file is None:  # a failed run leaves no file, not even a partial one
@@ -146,3 +153,7 @@ class CSVPredictionWriter(BasePredictionWriter):
         self._file.close()
         Path(self._file.name).unlink(missing_ok=True)
         self._file = None
+
+
+def _say_nothing_written(path: str | Path) -> None:
+    print(f"no predictions: the predict data was empty; nothing written to {path}", flush=True)
