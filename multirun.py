@@ -64,7 +64,7 @@ def main(argv: list[str] | None = None) -> None:
         else:
             run_pending(out, name, todo)
     except (ValueError, ProjectError) as err:  # train.py's refusals (a flag, a missing file): one line, exit 1
-        sys.exit(f"multirun.py: {err}\n{did_you_mean(str(err), multirun_parser)}".rstrip())
+        sys.exit(f"multirun.py: {err}\n{did_you_mean(str(err), multirun_parser, getattr(err, 'options', ()))}".rstrip())
     except runs.Interrupted:
         print("Stopped: run the same command to finish the set.", flush=True)
         sys.exit(128 + signal.SIGTERM)

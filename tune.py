@@ -106,7 +106,7 @@ def main(argv: list[str] | None = None) -> None:
         check_choices(study, params, search_file)
         check_settings(study, storage_url, config.settings(), params)
     except ConfigError as err:  # the space, the storage, train.py's flags, --workers: one line
-        sys.exit(f"tune.py: {err}\n{did_you_mean(str(err), tune_parser)}".rstrip())
+        sys.exit(f"tune.py: {err}\n{did_you_mean(str(err), tune_parser, getattr(err, 'options', ()))}".rstrip())
     search = Search(
         study, config, job, job_flags, train_flags, params, args.trials, f"tune/{study_name}", monitor, storage
     )

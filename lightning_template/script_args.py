@@ -10,6 +10,7 @@ import argparse
 import difflib
 import re
 import sys
+from collections.abc import Iterable
 from typing import NoReturn
 
 from jsonargparse import ArgumentParser, DefaultHelpFormatter, Namespace
@@ -29,17 +30,18 @@ class ScriptParser(ArgumentParser):
         self.exit(2)
 
 
-def nearest_options(message: str, parser: ArgumentParser) -> list[str]:
-    """The options of `parser` nearest to those an "unrecognized arguments" `message` names."""
+def nearest_options(message: str, parser: ArgumentParser, also: Iterable[str] = ()) -> list[str]:
+    """The options of `parser` (and `also`) nearest to those an "unrecognized arguments" `message` names."""
     unknown = re.search(r"unrecognized arguments: (.*)", message)
     words = [w.partition("=")[0] for w in unknown.group(1).split() if w.startswith("--")] if unknown else []
-    return [m for w in words for m in difflib.get_close_matches(w, list(parser._option_string_actions), n=1)]
+    options = [*parser._option_string_actions, *also]
+    return [m for w in words for m in difflib.get_close_matches(w, options, n=1)]
 
 
-def did_you_mean(message: str, parser: ArgumentParser) -> str:
-    """A line naming the nearest options (`nearest_options`), or "": for a script's own options, and for a typo in
-    one that `parse_known` passed on to train.py."""
-    near = nearest_options(message, parser)
+def did_you_mean(message: str, parser: ArgumentParser, also: Iterable[str] = ()) -> str:
+    """A line naming the nearest options (`nearest_options`), or "": for a script's own options, and, with `also`
+    train.py's, for a typo in one that `parse_known` passed on to train.py."""
+    near = nearest_options(message, parser, also)
     return f"did you mean {' / '.join(near)}?\n" if near else ""
 
 

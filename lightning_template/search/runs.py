@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from jsonargparse import Namespace
+from jsonargparse import ArgumentError, Namespace
 from lightning import Callback, LightningModule, Trainer
 from lightning.pytorch.cli import LightningArgumentParser
 from lightning.pytorch.utilities.exceptions import SIGTERMException
@@ -35,7 +35,12 @@ SAME_RUN_KEYS = {"trainer.enable_progress_bar", "trainer.enable_model_summary", 
 
 
 class FlagError(ConfigError):
-    """train.py would refuse these flags or values (unknown key, wrong type)."""
+    """train.py would refuse these flags or values (unknown key, wrong type). `options`: train.py's, where it did not
+    know a flag (for the script's "did you mean")."""
+
+    def __init__(self, message: str, options: Sequence[str] = ()) -> None:
+        super().__init__(message)
+        self.options = tuple(options)
 
 
 class Interrupted(Exception):  # not an error: a stop the user asked for
@@ -47,6 +52,12 @@ class _ParseOnly(ProjectCLI):
 
     def _set_seed(self) -> None:
         """Parsing leaves this process's random state alone (and `seed_everything: true` unresolved)."""
+
+    def parse_arguments(self, parser: LightningArgumentParser, args: Any) -> None:
+        try:
+            super().parse_arguments(parser, args)
+        except ArgumentError as err:
+            raise FlagError(_message(err), options=list(parser._option_string_actions)) from None
 
     def before_instantiate_classes(self) -> None:
         raise _Parsed(self)
@@ -75,6 +86,8 @@ class RunConfig:
             _ParseOnly(args=list(flags), run=False, parser_kwargs=kwargs)
         except _Parsed as parsed:
             return cls(parsed.cli.parser, parsed.cli.config)
+        except FlagError:
+            raise
         except Exception as err:  # jsonargparse's ArgumentError, or a check of train.py's own
             raise FlagError(_message(err)) from None
         raise AssertionError("unreachable")

@@ -176,6 +176,12 @@ def test_bad_search_space_is_refused_naming_the_key(tmp_path, space, message):
         ({"model.dropout": {"uniform": [0, 1]}}, ["--storage", "postgresql://nobody@127.0.0.1:1/x"], "--storage"),
         # A misspelled option of tune.py's own goes to train.py, which refuses it; the nearest is tune.py's.
         ({"model.dropout": {"uniform": [0, 1]}}, ["--trails", "3"], "--trails 3\ndid you mean --trials?"),
+        # One of train.py's: the nearest is train.py's.
+        (
+            {"model.dropout": {"uniform": [0, 1]}},
+            ["--trainer.max_epoch", "1"],
+            "--trainer.max_epoch 1\ndid you mean --trainer.max_epochs?",
+        ),
     ],
 )
 def test_search_refuses_unknown_key_or_bad_storage_before_training(
@@ -432,4 +438,13 @@ def test_a_repeated_seed_is_refused_in_one_line_before_anything_runs(tmp_path, m
     assert stop.value.code == (
         "multirun.py: --seeds 1 2 1: seed 1 is given more than once; each seed is one run: give distinct seeds."
     )
+    assert not (tmp_path / "logs").exists()  # nothing trained
+
+
+@pytest.mark.parametrize(("flag", "nearest"), [("--seds", "--seeds"), ("--trainer.max_epoch", "--trainer.max_epochs")])
+def test_a_misspelled_flag_of_multirun_or_train_py_gets_the_nearest_of_either(tmp_path, monkeypatch, flag, nearest):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as stop:
+        multirun.main(["--config", JOB, "--seeds", "1", *ONE_EPOCH, flag, "1"])
+    assert stop.value.code == f"multirun.py: unrecognized arguments: {flag} 1\ndid you mean {nearest}?"
     assert not (tmp_path / "logs").exists()  # nothing trained
