@@ -124,6 +124,17 @@ def test_a_monitored_metric_the_model_never_logs_is_named_with_what_it_logged(tm
         ProjectCLI(args=["fit", *PLAIN, *SHORT, "--early_stopping.monitor=val_mae"])
 
 
+def test_a_metric_logged_once_an_epoch_or_watched_without_strict_is_not_refused(tmp_path: Path, monkeypatch) -> None:
+    """An epoch-level training metric is known at the epoch's end, where the callbacks that watch it read it; an
+    EarlyStopping with strict=False goes on without its metric, as Lightning's does."""
+    monkeypatch.chdir(tmp_path)
+    epoch_logged = ["--model=tests.plain_task.EpochLoggedRegressor", "--data=tests.plain_task.RegressionData"]
+    watch = ["--checkpoint.monitor=train_mse", "--early_stopping.monitor=train_mse"]
+    cli = ProjectCLI(args=["fit", *epoch_logged, *SHORT, *watch, "--early_stopping.check_on_train_epoch_end=true"])
+    assert Path(cli.trainer.checkpoint_callback.best_model_path).name.startswith("epoch=2-train_mse=")
+    ProjectCLI(args=["fit", *PLAIN, *SHORT, "--early_stopping.monitor=val_mae", "--early_stopping.strict=false"])
+
+
 @pytest.mark.slow
 def test_a_loader_that_cannot_be_skipped_into_is_named_when_training_starts(tmp_path: Path) -> None:
     """An IterableDataset: said at the start, and a mid-epoch resume says what it does instead of skipping."""

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import lightning
 import pytest
-from lightning import Trainer
-from lightning.pytorch.callbacks import ModelCheckpoint, WeightAveraging
+from lightning import LightningModule, Trainer
+from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint, WeightAveraging
 from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.trainer import call
 
@@ -19,6 +19,8 @@ def owner(name: str) -> object:
     return {
         "trainer": lambda: Trainer(logger=False, enable_progress_bar=False, enable_model_summary=False),
         "ModelCheckpoint": ModelCheckpoint,
+        "EarlyStopping": lambda: EarlyStopping(monitor="val_loss"),
+        "LightningModule": LightningModule,
         "WeightAveraging": WeightAveraging,
         "LightningCLI": lambda: LightningCLI,
         "call": lambda: call,

@@ -43,7 +43,10 @@ USED = (
     ("ModelCheckpoint", "_should_skip_saving_checkpoint"),
     ("ModelCheckpoint", "_save_topk_checkpoint"),
     ("ModelCheckpoint", "_monitor_candidates"),
+    ("ModelCheckpoint", "_should_save_on_train_epoch_end"),
+    ("EarlyStopping", "_check_on_train_epoch_end"),
     ("WeightAveraging", "_average_model"),
+    ("LightningModule", "_current_fx_name"),
     ("LightningCLI", "_parse_ckpt_path"),
     ("LightningCLI", "_parser"),
     ("call", "_call_callback_hooks"),
@@ -190,6 +193,14 @@ def save_now(callback: ModelCheckpoint, trainer: Trainer) -> None:
     """Save as the callback would after validation, unless it already did at this step."""
     if not callback._should_skip_saving_checkpoint(trainer):
         callback._save_topk_checkpoint(trainer, callback._monitor_candidates(trainer))
+
+
+def reads_at_train_epoch_end(callback: Callback, trainer: Trainer) -> bool:
+    """Whether a ModelCheckpoint or EarlyStopping reads its monitored metric at the training epoch's end (where
+    Lightning decides it, by the run's validation schedule), not after each validation."""
+    if isinstance(callback, ModelCheckpoint):
+        return callback._should_save_on_train_epoch_end(trainer)
+    return isinstance(callback, EarlyStopping) and bool(callback._check_on_train_epoch_end)
 
 
 def averaged_model(callback: Any) -> Any:

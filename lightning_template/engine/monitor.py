@@ -3,7 +3,7 @@
 The job states the metric (`--checkpoint.monitor`, `--early_stopping.monitor`; configs/defaults.yaml watches
 `val_loss`, which any task can log, and a classification job `val_acc`); `null` turns either off. A monitored
 metric that the model never logs is an error at the end of the first validation, naming the metrics that were
-logged.
+logged (`MonitoredMetrics`).
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from lightning import Callback, LightningModule, Trainer
 from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
 
 from lightning_template.engine.errors import ConfigError
+from lightning_template.engine.lightning_internals import reads_at_train_epoch_end
 
 
 class BestCheckpoint(ModelCheckpoint):
@@ -59,7 +60,9 @@ def option_of(callback: Callback) -> str:
 class MonitoredMetrics(Callback):
     """At the end of the first validation (the sanity check's, if it runs), every `monitor` of the run's callbacks
     must be among the logged metrics: otherwise a one-line error names the option and what was logged. Metrics of
-    the training loop, logged only once training runs, are checked after the first validation of training."""
+    the training loop (named `train...`), logged only once training runs, are checked after the first validation of
+    training, for the callbacks that read them there; one that reads them at the training epoch's end (where
+    epoch-level training metrics are known) checks them itself, as does an EarlyStopping with `strict=False`."""
 
     def __init__(self) -> None:
         self.checked = False
@@ -71,7 +74,9 @@ class MonitoredMetrics(Callback):
         missing = [
             (callback, callback.monitor)
             for callback in trainer.callbacks
-            if isinstance(getattr(callback, "monitor", None), str) and callback.monitor not in logged
+            if isinstance(getattr(callback, "monitor", None), str)
+            and callback.monitor not in logged
+            and getattr(callback, "strict", True)
         ]
         if trainer.sanity_checking:  # training has not logged anything yet: only validation's metrics are known
             if not logged:
@@ -79,6 +84,7 @@ class MonitoredMetrics(Callback):
             missing = [(c, m) for c, m in missing if not m.startswith("train")]
         else:
             self.checked = True
+            missing = [(c, m) for c, m in missing if not reads_at_train_epoch_end(c, trainer)]
         if missing:
             callback, monitor = missing[0]
             shown = ", ".join(sorted(k for k in logged if not k.startswith("lr-"))) or "nothing"
