@@ -66,6 +66,17 @@ def parse_known(parser: ArgumentParser, argv: list[str]) -> tuple[Namespace, lis
     return parser.parse_args(own), rest
 
 
+def option_values(argv: list[str], option: str) -> list[str]:
+    """The values `argv` gives `option` (`--config a.yaml`, `--config=b.yaml`), in their order: the last one wins."""
+    values = []
+    for arg, after in zip(argv, [*argv[1:], None], strict=True):
+        if arg == option and after is not None:
+            values.append(after)
+        elif arg.startswith(f"{option}="):
+            values.append(arg.partition("=")[2])
+    return values
+
+
 def _is_number(arg: str) -> bool:
     try:
         float(arg)

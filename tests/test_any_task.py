@@ -223,6 +223,12 @@ def test_best_and_last_are_found_in_the_runs_of_the_job_for_every_command(tmp_pa
     assert cli.trainer.ckpt_path == str(best.relative_to(tmp_path))
     score = float(best.stem.rpartition("val_loss=")[2])
     assert float(cli.trainer.callback_metrics["val_loss"]) == pytest.approx(score, abs=1e-4)
+    cut_off = tmp_path / "logs/regressor/version_1/checkpoints/last.ckpt"  # a newer run, killed while it wrote
+    cut_off.parent.mkdir(parents=True)
+    cut_off.write_bytes(best.read_bytes()[:100])
+    with pytest.warns(UserWarning, match=r"version_1/checkpoints/last.ckpt: not a readable .* Skipped: looking in the"):
+        cli = ProjectCLI(args=["validate", *args, "--ckpt_path=last"])
+    assert cli.trainer.ckpt_path == "logs/regressor/version_0/checkpoints/last.ckpt"
     ProjectCLI(args=["fit", *args, "--trainer.max_epochs=1", "--trainer.logger.init_args.name=none",
                      "--checkpoint.monitor=null", "--early_stopping.monitor=null"])  # fmt: skip
     with pytest.raises(MissingFileError, match=r"--ckpt_path best: no best-epoch checkpoint recorded in logs/none/"):
@@ -294,6 +300,8 @@ def test_a_checkpoint_alone_validates_and_predicts_or_says_what_to_give(tmp_path
     torch.save(checkpoint, "plain.ckpt")
     with pytest.raises(ConfigError, match=r"--ckpt_path plain.ckpt: the checkpoint does not name its model's class"):
         ProjectCLI(args=["test", "--ckpt_path=plain.ckpt", *quiet])
+    with pytest.raises(ConfigError, match=r"--ckpt_path away.ckpt: the checkpoint does not say which data"):
+        ProjectCLI(args=["test", "--ckpt_path=plain.ckpt", "--ckpt_path", "away.ckpt", *quiet])  # the last one given
     with pytest.raises(MissingFileError, match=r"--ckpt_path best: this run has no logger, so no run folder"):
         ProjectCLI(args=["test", *PLAIN, "--ckpt_path=best", *quiet])
 

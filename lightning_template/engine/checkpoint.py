@@ -18,7 +18,7 @@ import json
 import os
 import warnings
 import zipfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,7 +29,7 @@ from lightning import Callback, LightningModule, Trainer
 from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
-from lightning_template.engine.errors import ConfigError, MissingFileError
+from lightning_template.engine.errors import ConfigError, MissingFileError, ProjectError
 from lightning_template.engine.lightning_internals import subcommand_parser
 from lightning_template.engine.sampling import global_seed
 from lightning_template.engine.tracking import (
@@ -41,6 +41,7 @@ from lightning_template.engine.tracking import (
     logger_type,
     tracker_runs_of,
 )
+from lightning_template.script_args import option_values
 
 SEED_KEY = "seed"
 # Data settings that change how the data loads, not what it is: a run may continue with others.
@@ -62,16 +63,16 @@ class RunCheckpoint:
         return self.hyper_parameters.get("_class_path")
 
     @classmethod
-    def read(cls, path: str | Path, option: str = "--ckpt_path") -> RunCheckpoint:
+    def read(cls, path: str | Path) -> RunCheckpoint:
         """The record of `path`; a one-line error if it is missing or not a readable checkpoint."""
         path = Path(path)
         if not path.is_file():
             raise MissingFileError(
-                f"{option} {path}: no such file. Checkpoints are in logs/<name>/version_*/checkpoints/."
+                f"--ckpt_path {path}: no such file. Checkpoints are in logs/<name>/version_*/checkpoints/."
             )
         if not zipfile.is_zipfile(path):  # torch.save writes a zip archive; a cut-off file has no central directory
             raise ConfigError(
-                f"{option} {path}: not a readable PyTorch checkpoint (truncated or corrupt)."
+                f"--ckpt_path {path}: not a readable PyTorch checkpoint (truncated or corrupt)."
                 " Use another one, e.g. the best-epoch checkpoint next to it."
             )
         try:
@@ -79,10 +80,10 @@ class RunCheckpoint:
         except Exception as err:
             reason = str(err).strip().splitlines()[0][:200]
             raise ConfigError(
-                f"{option} {path}: not a readable PyTorch checkpoint ({type(err).__name__}: {reason})."
+                f"--ckpt_path {path}: not a readable PyTorch checkpoint ({type(err).__name__}: {reason})."
             ) from err
         if not isinstance(checkpoint, dict) or "state_dict" not in checkpoint:
-            raise ConfigError(f"{option} {path}: not a Lightning checkpoint (no state_dict); for weights alone use"
+            raise ConfigError(f"--ckpt_path {path}: not a Lightning checkpoint (no state_dict); for weights alone use"
                               " --model.weights, where the model takes them.")  # fmt: skip
         held = {"state_dict", "hyper_parameters", "callbacks", "loops", "optimizer_states", "lr_schedulers"}
         return cls(
@@ -232,15 +233,26 @@ def _check_same_data(config: Any, found: RunCheckpoint, run: Path, dump_fit_conf
         )
 
 
-def _runs_newest_first(config: Any) -> tuple[Path | None, list[RunCheckpoint]]:
-    """This experiment's folder and the last.ckpt of each of its runs that this logger can continue, newest
-    first."""
+def _runs_newest_first(config: Any) -> tuple[Path | None, Iterator[RunCheckpoint]]:
+    """This experiment's folder and the last.ckpt of each of its runs that this logger can continue, newest first,
+    each read when it is reached; an unreadable one (an older run cut off while writing) is skipped, said."""
     folder = experiment_dir(config)
     if folder is None:
-        return None, []
+        return None, iter(())
     logger_class = logger_type(config.trainer.get("logger"))
     paths = sorted(folder.glob("*/checkpoints/last.ckpt"), key=lambda p: p.stat().st_mtime, reverse=True)
-    return folder, [r for r in map(RunCheckpoint.read, paths) if can_continue(logger_class, r.tracker_runs)]
+
+    def readable() -> Iterator[RunCheckpoint]:
+        for path in paths:
+            try:
+                run = RunCheckpoint.read(path)
+            except ProjectError as err:
+                rank_zero_warn(f"{err} Skipped: looking in the runs before it.")
+                continue
+            if can_continue(logger_class, run.tracker_runs):
+                yield run
+
+    return folder, readable()
 
 
 def _last_checkpoint(config: Any, subcommand: str | None) -> RunCheckpoint | None:
@@ -249,8 +261,8 @@ def _last_checkpoint(config: Any, subcommand: str | None) -> RunCheckpoint | Non
     Lightning alone only looks in the new run's own (empty) folder and would silently start from scratch.
     """
     folder, runs = _runs_newest_first(config)
-    if runs:
-        return runs[0]
+    if (newest := next(runs, None)) is not None:
+        return newest
     if folder is None:
         return None
     if subcommand != "fit":
@@ -330,8 +342,7 @@ def checkpoint_alone(argv: list[str]) -> CheckpointAlone | None:
         return None
     if any(k.startswith(f"PL_{argv[0].upper()}__{c[2:].upper()}") for k in os.environ for c in classes):
         return None
-    paths = [argv[i + 1] for i, a in enumerate(argv[:-1]) if a == "--ckpt_path"]
-    paths += [a.partition("=")[2] for a in argv if a.startswith("--ckpt_path=")]
+    paths = option_values(argv, "--ckpt_path")
     if not paths or paths[-1] == "hpc":
         return None
     if paths[-1] in ("last", "best"):

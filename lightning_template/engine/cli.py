@@ -67,7 +67,7 @@ from lightning_template.engine.tracking import (
     name_new_run,
     run_location,
 )
-from lightning_template.script_args import nearest_options
+from lightning_template.script_args import nearest_options, option_values
 
 ROOT = Path(__file__).resolve().parents[2]  # the project: configs/ and the scripts
 DEFAULTS = ROOT / "configs" / "defaults.yaml"
@@ -139,9 +139,7 @@ def _init_parameters(cls: Any) -> set[str]:
 
 def unreadable_config(argv: list[str]) -> str:
     """The first `--config` file of `argv` that is not valid YAML, as `path: reason`, or ""."""
-    paths = [argv[i + 1] for i, a in enumerate(argv[:-1]) if a == "--config"]
-    paths += [a.partition("=")[2] for a in argv if a.startswith("--config=")]
-    for path in paths:
+    for path in option_values(argv, "--config"):
         try:
             yaml.safe_load(Path(path).read_text())
         except (OSError, yaml.YAMLError) as err:
