@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import csv
 import os
+import re
 import signal
 from pathlib import Path
 from typing import Any
@@ -130,8 +131,9 @@ def test_a_metric_logged_once_an_epoch_or_watched_without_strict_is_not_refused(
     monkeypatch.chdir(tmp_path)
     epoch_logged = ["--model=tests.plain_task.EpochLoggedRegressor", "--data=tests.plain_task.RegressionData"]
     watch = ["--checkpoint.monitor=train_mse", "--early_stopping.monitor=train_mse"]
+    watch += ["--checkpoint.auto_insert_metric_name=true"]  # the file's name has them already
     cli = ProjectCLI(args=["fit", *epoch_logged, *SHORT, *watch, "--early_stopping.check_on_train_epoch_end=true"])
-    assert Path(cli.trainer.checkpoint_callback.best_model_path).name.startswith("epoch=2-train_mse=")
+    assert re.fullmatch(r"epoch=2-train_mse=[\d.]+\.ckpt", Path(cli.trainer.checkpoint_callback.best_model_path).name)
     ProjectCLI(args=["fit", *PLAIN, *SHORT, "--early_stopping.monitor=val_mae", "--early_stopping.strict=false"])
 
 

@@ -333,6 +333,7 @@ class ProjectCLI(CLIHooks):
         checkpoint = config.get("checkpoint")
         if checkpoint is not None and checkpoint.get("monitor") and not checkpoint.get("filename"):
             checkpoint.filename = BestCheckpoint.filename_for(checkpoint.monitor)
+            checkpoint.auto_insert_metric_name = False  # the name has its metrics' names
         add_datamodule_hook(self, self._restore_datamodule)
 
     def instantiate_classes(self) -> None:
