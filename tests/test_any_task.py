@@ -214,6 +214,20 @@ def test_a_run_stopped_mid_epoch_resumes_only_with_its_own_seed(tmp_path: Path, 
     assert last_checkpoint(tmp_path)["global_step"] == 10
 
 
+def test_a_run_logged_in_a_tensorboard_sub_dir_is_continued_in_its_own_folder(tmp_path: Path, monkeypatch) -> None:
+    """The run is the folder of its checkpoints (logs/<name>/version_0), not TensorBoard's sub_dir inside it."""
+    monkeypatch.chdir(tmp_path)
+    args = ["fit", *PLAIN, *SHORT, "--data.train_size=64", "--trainer.logger.init_args.sub_dir=extra"]
+    ProjectCLI(args=[*args, "--trainer.max_epochs=1"])
+    run = tmp_path / "logs/regressor/version_0"
+    assert torch.load(run / "checkpoints/last.ckpt", weights_only=True)["tracker_runs"] == {
+        "TensorBoardLogger": "version_0"
+    }
+    cli = ProjectCLI(args=[*args, "--ckpt_path=last"])
+    assert cli.trainer.logger.version == "version_0" and cli.trainer.global_step == 2 * 64 // 32
+    assert sorted(p.name for p in run.parent.iterdir()) == ["version_0"]
+
+
 @pytest.mark.slow
 def test_best_and_last_are_found_in_the_runs_of_the_job_for_every_command(tmp_path: Path, monkeypatch) -> None:
     """`--ckpt_path best` validates the best epoch of the job's newest run that has one; a job without one says so."""

@@ -38,24 +38,23 @@ def logger_type(logger_config: Any) -> str:
     return str(getattr(logger_config, "class_path", "")).rpartition(".")[2]
 
 
+def _run_name(logger: Logger) -> str:
+    """What names a run to its logger: the version folder (`version_3`, as TensorBoard's and CSV's `version` argument
+    takes it back) or the tracker's run id."""
+    return logger.version if isinstance(logger.version, str) else f"version_{logger.version}"
+
+
 def run_dir(trainer: Trainer) -> Path:
-    """The run's folder, where Lightning puts its checkpoints/ (for any logger, as ModelCheckpoint does)."""
+    """The run's folder, where Lightning puts its checkpoints/ (by ModelCheckpoint's rule, for any logger)."""
     if not trainer.loggers:
         return Path(trainer.default_root_dir)
     logger = trainer.loggers[0]
-    if isinstance(logger, (TensorBoardLogger, CSVLogger)):
-        return Path(logger.log_dir)
-    root = logger.save_dir or trainer.default_root_dir
-    return Path(root) / str(logger.name) / str(logger.version)
+    return Path(logger.save_dir or trainer.default_root_dir) / str(logger.name) / _run_name(logger)
 
 
 def tracker_runs_of(trainer: Trainer) -> dict[str, str]:
-    """{logger class: what names the run to it}: the version folder (TensorBoard, CSV: `version_3`, as the `version`
-    argument takes it back) or the tracker's run id."""
-    return {
-        type(lg).__name__: Path(lg.log_dir).name if isinstance(lg, (TensorBoardLogger, CSVLogger)) else str(lg.version)
-        for lg in trainer.loggers
-    }
+    """{logger class: what names the run to it}."""
+    return {type(logger).__name__: _run_name(logger) for logger in trainer.loggers}
 
 
 TRACKER_PACKAGES = {"MLFlowLogger": ("mlflow", "mlflow"), "WandbLogger": ("wandb", "wandb")}  # module, extra
