@@ -60,6 +60,7 @@ class GeneratedModule(LightningModule):
         dropout: float = 0.0,
         step_buffer: bool = False,
         checkpoint_entry: bool = False,
+        hook_draws: bool = False,
         lr: float = 0.05,
     ) -> None:
         """
@@ -75,6 +76,8 @@ class GeneratedModule(LightningModule):
             dropout: dropout probability of the hidden layer.
             step_buffer: a buffer updated at every step (a running mean of the loss).
             checkpoint_entry: a count of trained samples saved under a checkpoint entry of its own.
+            hook_draws: random numbers drawn outside the step: noise added to each training batch on the device
+                (`on_after_batch_transfer`), and a draw in `on_train_batch_end` (as a stochastic schedule makes).
             lr: the learning rate.
         """
         super().__init__()
@@ -128,6 +131,16 @@ class GeneratedModule(LightningModule):
                 scheduler.step(self.trainer.callback_metrics["train_loss"])
             else:
                 scheduler.step()
+
+    def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
+        if not (self.hparams.hook_draws and self.trainer.training):
+            return batch
+        features, target = batch
+        return features + 0.05 * torch.randn_like(features), target
+
+    def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
+        if self.hparams.hook_draws:
+            torch.rand(())
 
     def validation_step(self, batch: Any, batch_idx: int) -> None:
         features, target = batch

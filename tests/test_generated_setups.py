@@ -111,9 +111,11 @@ def setups(draw: st.DrawFn) -> Setup:
         "dropout": draw(st.sampled_from([0.0, 0.2])),
         "step_buffer": draw(st.booleans()),
         "checkpoint_entry": draw(st.booleans()),
+        "hook_draws": draw(st.booleans()),
     }
     if scheduler is None:
-        model = {k: v for k, v in model.items() if k in ("optimization", "dropout", "step_buffer", "checkpoint_entry")}
+        kept = ("optimization", "dropout", "step_buffer", "checkpoint_entry", "hook_draws")
+        model = {k: v for k, v in model.items() if k in kept}
     data = {
         "loader": loader,
         "batch_size": draw(st.sampled_from([12, 16])),
@@ -331,6 +333,9 @@ PERSISTENT_WORKERS = Setup(  # a stream augmented in 2 persistent workers, resum
 STOP_BEFORE_VALIDATION = Setup(  # a SIGTERM after a batch with a validation due: Lightning stops inside it
     data={"loader": "map", "batch_size": 12, "train_size": 100}, trainer={"max_steps": 7, "val_check_interval": 0.5}
 )
+HOOK_DRAWS = Setup(  # random numbers drawn in the module's on_train_batch_end, after the engine's callbacks
+    model={"hook_draws": True, "dropout": 0.2}, data={"loader": "map", "batch_size": 16}, trainer={"max_epochs": 2}
+)
 INSIDE_A_STEP = Setup(  # the best-epoch checkpoint of a validation every 3 batches, accumulating 2
     data={"loader": "map", "batch_size": 12},
     trainer={"accumulate_grad_batches": 2, "val_check_interval": 3, "max_steps": 7},
@@ -369,6 +374,7 @@ FOUND = [  # each ended otherwise on an earlier version
     pytest.param(PERSISTENT_WORKERS, Stop("validation", 0), "warned", id="persistent-workers-drawing-at-random"),
     pytest.param(STOP_BEFORE_VALIDATION, Stop("sigterm", 3), "warned", id="sigterm-before-a-mid-epoch-validation"),
     pytest.param(INSIDE_A_STEP, Stop("kill", 0), "warned", id="checkpoint-inside-an-accumulated-step"),
+    pytest.param(HOOK_DRAWS, Stop("sigterm", 3), "exact", id="draws-in-the-modules-batch-end-hook"),
 ]
 
 

@@ -226,7 +226,7 @@ class ProjectParser(LightningArgumentParser):
 
 class ProjectCLI(CLIHooks):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
-        import_tasks()
+        import_tasks()  # imported, the tasks' classes can be named alone: `--model SimpleCNN`
         quiet_library_noise()
         # default_env: every option can also be set from the environment, e.g. PL_FIT__TRAINER__MAX_EPOCHS=3.
         defaults = {"default_config_files": [str(DEFAULTS)], "default_env": True}
@@ -275,7 +275,7 @@ class ProjectCLI(CLIHooks):
             "--test_after_fit",
             type=bool,
             default=False,
-            help="After `fit`, evaluate the best checkpoint on the test split.",
+            help="After `fit`, evaluate the best checkpoint on the test split (the last weights without --checkpoint.monitor).",
         )
 
     def parse_arguments(self, parser: LightningArgumentParser, args: Any) -> None:

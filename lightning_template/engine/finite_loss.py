@@ -1,10 +1,11 @@
 """Stops training at the first NaN or infinite loss or gradient, before it reaches the weights.
 
 The loss of each micro-batch and the gradients are checked before the optimizer step, with
-one host sync per step, so the step that would have written NaN into the weights never happens, and
+one host sync per step (per device), so the step that would have written NaN into the weights never happens, and
 `ResumeCheckpoint` writes no checkpoint for a run stopped this way: `last.ckpt` stays the
 last good one. With fp16 loss scaling an infinite gradient is expected now and then: the
-scaler skips that step itself, so only a loss that stays non-finite stops the run.
+scaler skips that step itself, so only a loss that stays non-finite stops the run (each micro-batch's loss is
+read then). Under DDP the ranks agree on the decision in one collective.
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ import contextlib
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from lightning import Callback, LightningDataModule, Trainer
+from lightning import Callback, LightningDataModule, LightningModule, Trainer
 from lightning.pytorch.callbacks import Checkpoint, EarlyStopping, ModelCheckpoint
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, _InstantiatorFn
 from lightning.pytorch.profilers import PassThroughProfiler
@@ -47,6 +47,7 @@ USED = (
     ("EarlyStopping", "_check_on_train_epoch_end"),
     ("WeightAveraging", "_average_model"),
     ("LightningModule", "_current_fx_name"),
+    ("LightningModule", "_on_before_batch_transfer"),
     ("LightningCLI", "_parse_ckpt_path"),
     ("LightningCLI", "_parser"),
     ("call", "_call_callback_hooks"),
@@ -206,6 +207,19 @@ def reads_at_train_epoch_end(callback: Callback, trainer: Trainer) -> bool:
 def averaged_model(callback: Any) -> Any:
     """The running average of a WeightAveraging callback (None before its first update)."""
     return callback._average_model
+
+
+def call_before_batch_hooks(pl_module: LightningModule, before: Callable[[], None]) -> Callable[[], None]:
+    """Call `before()` each time the loops hand a batch to the module's batch hooks (`on_before_batch_transfer`, the
+    move to the device, `on_after_batch_transfer`), before them; returns what undoes it."""
+    hand_over = pl_module._on_before_batch_transfer
+
+    def before_then_hand_over(batch: Any, dataloader_idx: int = 0) -> Any:
+        before()
+        return hand_over(batch, dataloader_idx=dataloader_idx)
+
+    pl_module._on_before_batch_transfer = before_then_hand_over  # type: ignore[method-assign]
+    return lambda: vars(pl_module).pop("_on_before_batch_transfer", None)
 
 
 def wrap_train_loader(trainer: Trainer, wrap: Callable[[Any], Any]) -> None:

@@ -24,6 +24,7 @@ import os
 import signal
 import threading
 import warnings
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -36,6 +37,7 @@ from lightning.pytorch.utilities.warnings import PossibleUserWarning
 
 from lightning_template.engine.errors import ConfigError
 from lightning_template.engine.lightning_internals import (
+    call_before_batch_hooks,
     closes_accumulation_window,
     cluster_environment,
     counted_restored_epoch_done,
@@ -189,6 +191,7 @@ class ExactResume(Callback):
         self._leave_restart = False  # restarted at an epoch's end: the loops leave their restart state at the next
         self._iterate_anew = False  # resumed between epochs: the next epoch's loader iterator is made after seeding
         self._trainer_loop_skipped = True  # until on_train_start: Lightning skips it when resumed at its end
+        self._undo_batch_hooks: Callable[[], None] | None = None
 
     # -- the training loader: made to continue from the loop's position --------------------------
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
@@ -229,6 +232,7 @@ class ExactResume(Callback):
 
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._install_signal_handlers(trainer)
+        self._undo_batch_hooks = call_before_batch_hooks(pl_module, self._seed_training_batch)
         self._trainer_loop_skipped = False
         if self._inexact and not trainer.fit_loop.restarted_mid_epoch:
             rank_zero_warn(
@@ -360,8 +364,15 @@ class ExactResume(Callback):
             if lightning_keeps_it and train_data_fetcher(trainer) is not None:
                 iter(train_data_fetcher(trainer))
 
+    def _seed_training_batch(self) -> None:
+        """Seeded as each training batch is handed to the module's batch hooks, before it is augmented on the device
+        there: random numbers drawn after the last batch (in the module's on_train_batch_end) are not in its stream."""
+        trainer = self._trainer
+        if trainer is not None and trainer.training:
+            self._seed_batch(trainer, trainer.fit_loop.epoch_loop.batch_progress.current.processed)
+
     def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, *args: Any) -> None:
-        # Seeded here, not at batch start: the next batch is augmented on the device before that hook runs.
+        # Also here: a training_step that takes a `dataloader_iter` fetches its batches without the batch hooks.
         self._seed_batch(trainer, trainer.fit_loop.epoch_loop.batch_progress.current.processed)
         # After an epoch's last batch the stop waits for the epoch's end: its validation and epoch-end checkpoint
         # would otherwise be skipped by the resumed run, which counts the epoch as done.
@@ -429,6 +440,9 @@ class ExactResume(Callback):
         for signum, handler in self._previous_handlers.items():
             signal.signal(signum, handler)
         self._previous_handlers = {}
+        if self._undo_batch_hooks is not None:
+            self._undo_batch_hooks()
+            self._undo_batch_hooks = None
         if self._warnings is not None:
             self._warnings.__exit__(None, None, None)
             self._warnings = None
