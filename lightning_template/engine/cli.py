@@ -275,7 +275,8 @@ class ProjectCLI(CLIHooks):
             "--test_after_fit",
             type=bool,
             default=False,
-            help="After `fit`, evaluate the best checkpoint on the test split (the last weights without --checkpoint.monitor).",
+            help="After `fit`, evaluate the best checkpoint on the test split (without --checkpoint.monitor: the last"
+            " weights).",
         )
 
     def parse_arguments(self, parser: LightningArgumentParser, args: Any) -> None:
