@@ -424,7 +424,7 @@ def _given_settings(cli: LightningCLI, given: list[str], section: str) -> dict[s
     config = cli.config[subcommand]
     if not given or config.get(section) is None:  # given a parsed config (a script running jobs): the job
         return {}
-    job = [str(p) for p in config.get("config") or [] if Path(str(p)).parent.name != "presets"][:1]
+    job = [str(p) for p in job_configs(config)][:1]
     parser = subcommand_parser(cli, subcommand)
     default_env, parser.default_env = parser.default_env, False
     try:  # the same class: a job config of it keeps its values, of another class gives the defaults
@@ -439,6 +439,11 @@ def _given_settings(cli: LightningCLI, given: list[str], section: str) -> dict[s
         if key != "weights"
         and (job_values.get(key, value) != value or any(f"{section}.{key}.".startswith(f"{f}.") for f in flagged))
     }
+
+
+def job_configs(config: Any) -> list[Path]:
+    """The config files of a parsed config that are not presets (configs/presets/): the job's, first."""
+    return [Path(str(p)) for p in config.get("config") or [] if Path(str(p)).parent.name != "presets"]
 
 
 def model_config(record: RunCheckpoint) -> dict[str, Any]:

@@ -42,6 +42,7 @@ from lightning_template.engine.checkpoint import (
     build_model_from_checkpoint,
     check_model_fits,
     checkpoint_alone,
+    job_configs,
     resolve_checkpoint,
     restore_datamodule,
 )
@@ -121,8 +122,7 @@ def is_subclass(class_path: str, base: type) -> bool:
 
 def run_name(config: Any) -> str:
     """The job config's file name (`configs/simple_cnn.yaml` -> `simple_cnn`), presets aside."""
-    jobs = [Path(str(p)) for p in config.get("config") or [] if Path(str(p)).parent.name != "presets"]
-    if jobs:
+    if jobs := job_configs(config):
         return jobs[0].stem
     model = config.get("model")
     return str(getattr(model, "class_path", "run")).rpartition(".")[2].lower()
@@ -345,8 +345,6 @@ class ProjectCLI(CLIHooks):
         trainer = super().instantiate_trainer(**kwargs)
         # `--checkpoint.monitor null`, `--early_stopping.monitor null`: no best-epoch checkpoint, no early stopping.
         trainer.callbacks = [callback for callback in trainer.callbacks if not monitoring_off(callback)]
-        if self.config.get("subcommand") in ("fit", "validate", "test"):  # Lightning calls it in every hook
-            trainer.callbacks = [c for c in trainer.callbacks if not isinstance(c, CSVPredictionWriter)]
         skip_idle_hooks(trainer)
         return trainer
 

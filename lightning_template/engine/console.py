@@ -65,9 +65,9 @@ class EpochLines(ProgressBar):
         print(f"epoch {trainer.current_epoch + 1}{total}  {shown}  ({elapsed:.1f} s)", flush=True)
 
 
-def progress_bar(stream: Any = None) -> ProgressBar:
-    """Rich's progress bar when `stream` (stdout) is a terminal, else `EpochLines`."""
-    return RichProgressBar() if (stream or sys.stdout).isatty() else EpochLines()
+def progress_bar() -> ProgressBar:
+    """Rich's progress bar when stdout is a terminal, else `EpochLines`."""
+    return RichProgressBar() if sys.stdout.isatty() else EpochLines()
 
 
 # Lines of libraries that are not the project's or the user's: an advertisement, and messages about Lightning's own

@@ -177,6 +177,15 @@ class ResumeCheckpoint(ModelCheckpoint):
 
 
 class ExactResume(Callback):
+    """The training side of exact resume, in every run (see the module's docstring). Read top to bottom:
+    - `setup`: the training loader is wrapped to continue from the loop's position (`resumable_loader`);
+    - `state_dict`: what a mid-epoch resume must find the same (batch size, world size, streamed workers), and
+      what a ReduceLROnPlateau waits for;
+    - `on_train_start`: signal handlers, the per-batch seeding, and, when resumed, each way Lightning's restored
+      loop differs from the run never stopped, put right or said in one line;
+    - the per-batch seeding; the graceful stop at a step boundary; `_restore` undoes what `on_train_start` did.
+    The flags of `__init__` carry a resume's state from `on_train_start` to the epoch's start and end."""
+
     def __init__(self) -> None:
         self._trainer: Trainer | None = None
         self._seed = 0  # the run's --seed_everything
@@ -215,7 +224,6 @@ class ExactResume(Callback):
         state = {
             "batch_size": getattr(loader, "batch_size", None),
             "world_size": trainer.world_size,
-            "batches_done": trainer.fit_loop.epoch_loop.batch_progress.current.processed,
         }
         if isinstance(loader, ResumesFromLoop) and loader.worker_dependent:  # streamed: workers own chunk shares
             state["num_workers"] = loader.num_workers
