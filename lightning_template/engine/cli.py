@@ -377,7 +377,7 @@ class ProjectCLI(CLIHooks):
                 _ = logger.version
         for callback in self.trainer.callbacks:
             if isinstance(callback, SaveConfigToRun):  # a run refused before its first step removes what it made
-                callback.before_fit(self.trainer)
+                callback.note_new_folder(self.trainer)
         # The check of monitored metrics looks at each validation before early stopping and checkpoints use it.
         self.trainer.callbacks.sort(key=lambda callback: not isinstance(callback, MonitoredMetrics))
 

@@ -81,7 +81,7 @@ def load_train_loader_states(trainer: Trainer) -> bool:
     return True
 
 
-def step_plateau_schedulers_at_this_epoch_end(trainer: Trainer) -> None:
+def let_lightning_step_plateau_schedulers(trainer: Trainer) -> None:
     """Let Lightning step ReduceLROnPlateau schedulers at the end of the epoch a run restarted in, as in a run never
     stopped: the fit loop skips that step while it is restarting (`fit_loop.on_advance_end`). Called at the epoch's
     `on_train_epoch_end`, before the check; the loop's children keep their own restarting state."""
@@ -100,7 +100,7 @@ def end_restarted_epoch(trainer: Trainer) -> bool:
     return True
 
 
-def counted_restored_epoch_done(trainer: Trainer) -> bool:
+def restored_after_last_batch(trainer: Trainer) -> bool:
     """Restarted from a checkpoint written after an epoch's last batch, before that epoch's end: Lightning counts the
     epoch as done when it restores it (`current_epoch` is already the next one) and runs neither its validation nor
     its epoch-end hooks."""
@@ -113,7 +113,7 @@ def counted_restored_epoch_done(trainer: Trainer) -> bool:
 
 
 def start_next_epoch(trainer: Trainer) -> None:
-    """After `counted_restored_epoch_done`: the next epoch runs as in the run never stopped. Lightning would run it as
+    """After `restored_after_last_batch`: the next epoch runs as in the run never stopped. Lightning would run it as
     the restarted one: without its `on_train_epoch_start` hooks, and at its first batch it would end a validation
     that never started (making a validation loader iterator: a draw from torch's generator)."""
     loop = trainer.fit_loop.epoch_loop
@@ -136,7 +136,7 @@ def skips_due_validation(trainer: Trainer) -> bool:
         return False
     # Lightning decides by `current_epoch` (`check_val_every_n_epoch`): ask about the checkpoint's epoch.
     epochs = trainer.fit_loop.epoch_progress.current
-    counted = int(counted_restored_epoch_done(trainer))
+    counted = int(restored_after_last_batch(trainer))
     epochs.completed -= counted
     try:
         return loop._should_check_val_fx(trainer.fit_loop._data_fetcher)
@@ -144,7 +144,7 @@ def skips_due_validation(trainer: Trainer) -> bool:
         epochs.completed += counted
 
 
-def skipped_run_skips_due_validation(trainer: Trainer) -> bool:
+def skips_due_validation_at_its_end(trainer: Trainer) -> bool:
     """`skips_due_validation` for a run resumed at its end (`max_steps` reached): Lightning skips its whole loop, so
     no restart stage was read from the restored progress."""
     epoch_loop = trainer.fit_loop.epoch_loop

@@ -40,17 +40,17 @@ from lightning_template.engine.lightning_internals import (
     call_before_batch_hooks,
     closes_accumulation_window,
     cluster_environment,
-    counted_restored_epoch_done,
     end_restarted_epoch,
     leave_restart,
+    let_lightning_step_plateau_schedulers,
     load_train_loader_states,
     mark_saved_at,
     requeue_slurm_job,
+    restored_after_last_batch,
     save_now,
-    skipped_run_skips_due_validation,
     skips_due_validation,
+    skips_due_validation_at_its_end,
     start_next_epoch,
-    step_plateau_schedulers_at_this_epoch_end,
     stop_after_this_step,
     train_data_fetcher,
     wrap_train_loader,
@@ -91,7 +91,7 @@ def plateau_schedulers(trainer: Trainer) -> list[Any]:
     return [config for config in trainer.lr_scheduler_configs if config.reduce_on_plateau]
 
 
-def plateau_step_pending(trainer: Trainer) -> int | None:
+def pending_plateau_epoch(trainer: Trainer) -> int | None:
     """The epoch whose end-of-epoch ReduceLROnPlateau step has not been taken yet, at a checkpoint written now.
 
     Lightning takes it after the epoch-end callbacks (the epoch-end checkpoint is written before it); inside an
@@ -232,7 +232,7 @@ class ExactResume(Callback):
             # they are now (a resumed run has logged none yet), and whether this epoch's end step is still due.
             monitored = {config.monitor for config in plateaus}
             state["monitored"] = {k: v for k, v in trainer.callback_metrics.items() if k in monitored}
-            state["plateau_step_pending"] = plateau_step_pending(trainer)
+            state["plateau_step_pending"] = pending_plateau_epoch(trainer)
         return state
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
@@ -278,7 +278,7 @@ class ExactResume(Callback):
             iter(train_data_fetcher(trainer))
         if not trainer.fit_loop.restarted_mid_epoch:
             return
-        if counted_restored_epoch_done(trainer):
+        if restored_after_last_batch(trainer):
             self._start_after_last_batch(trainer)
             return
         # Lightning warns that a loader without state_dict cannot resume mid-epoch: this one continues exactly,
@@ -394,7 +394,7 @@ class ExactResume(Callback):
     def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         if self._plateau_at_epoch_end:
             self._plateau_at_epoch_end = False
-            step_plateau_schedulers_at_this_epoch_end(trainer)
+            let_lightning_step_plateau_schedulers(trainer)
         self._stop_if_requested(trainer)
 
     # -- graceful stop -----------------------------------------------------------------------
@@ -460,7 +460,7 @@ class ExactResume(Callback):
 
     def on_fit_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         # Resumed at its end (`max_steps`), the run trains nothing and `on_train_start` never came.
-        if self._saved is not None and self._trainer_loop_skipped and skipped_run_skips_due_validation(trainer):
+        if self._saved is not None and self._trainer_loop_skipped and skips_due_validation_at_its_end(trainer):
             warn_skipped_validation(trainer.current_epoch, trainer.fit_loop.epoch_loop.batch_progress.current.processed)
 
     def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:

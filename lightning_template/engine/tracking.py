@@ -111,7 +111,7 @@ class SaveConfigToRun(SaveConfigCallback):
 
     new_folder: Path | None = None
 
-    def before_fit(self, trainer: Trainer) -> None:
+    def note_new_folder(self, trainer: Trainer) -> None:
         """Called by the CLI before `fit`: the run's folder is new if it does not exist yet. (Lightning makes it
         before any callback's `setup`, when it starts the loggers' experiments.)"""
         folder = run_dir(trainer)
