@@ -201,6 +201,7 @@ class ExactResume(Callback):
         self._iterate_anew = False  # resumed between epochs: the next epoch's loader iterator is made after seeding
         self._trainer_loop_skipped = True  # until on_train_start: Lightning skips it when resumed at its end
         self._undo_batch_hooks: Callable[[], None] | None = None
+        self._seeded_at_hand_over = False  # batches reach the module's batch hooks (no `dataloader_iter` step)
 
     # -- the training loader: made to continue from the loop's position --------------------------
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
@@ -241,6 +242,7 @@ class ExactResume(Callback):
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._install_signal_handlers(trainer)
         self._undo_batch_hooks = call_before_batch_hooks(pl_module, self._seed_training_batch)
+        self._seeded_at_hand_over = False
         self._trainer_loop_skipped = False
         if self._inexact and not trainer.fit_loop.restarted_mid_epoch:
             rank_zero_warn(
@@ -377,11 +379,12 @@ class ExactResume(Callback):
         there: random numbers drawn after the last batch (in the module's on_train_batch_end) are not in its stream."""
         trainer = self._trainer
         if trainer is not None and trainer.training:
+            self._seeded_at_hand_over = True
             self._seed_batch(trainer, trainer.fit_loop.epoch_loop.batch_progress.current.processed)
 
     def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, *args: Any) -> None:
-        # Also here: a training_step that takes a `dataloader_iter` fetches its batches without the batch hooks.
-        self._seed_batch(trainer, trainer.fit_loop.epoch_loop.batch_progress.current.processed)
+        if not self._seeded_at_hand_over:  # a training_step that takes a `dataloader_iter`: no batch hooks run
+            self._seed_batch(trainer, trainer.fit_loop.epoch_loop.batch_progress.current.processed)
         # After an epoch's last batch the stop waits for the epoch's end: its validation and epoch-end checkpoint
         # would otherwise be skipped by the resumed run, which counts the epoch as done.
         if closes_accumulation_window(trainer) and not epoch_ran_out(trainer):
