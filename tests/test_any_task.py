@@ -123,6 +123,10 @@ def test_a_monitored_metric_the_model_never_logs_is_named_with_what_it_logged(tm
         ProjectCLI(args=["fit", *PLAIN, *SHORT, "--checkpoint.monitor=val_acc", "--checkpoint.mode=max"])
     with pytest.raises(ValueError, match=r"--early_stopping.monitor val_mae: the model never logged"):
         ProjectCLI(args=["fit", *PLAIN, *SHORT, "--early_stopping.monitor=val_mae"])
+    with pytest.raises(ValueError, match=r"--checkpoint.monitor val_acc: the model never logged 'val_acc'; it logged"
+                                         r" train_loss, val_loss\."):  # fmt: skip
+        no_sanity_check = ["--trainer.num_sanity_val_steps=0", "--checkpoint.mode=max"]
+        ProjectCLI(args=["fit", *PLAIN, *SHORT, "--checkpoint.monitor=val_acc", *no_sanity_check])
 
 
 def test_a_metric_logged_once_an_epoch_or_watched_without_strict_is_not_refused(tmp_path: Path, monkeypatch) -> None:
@@ -239,12 +243,18 @@ def test_best_and_last_are_found_in_the_runs_of_the_job_for_every_command(tmp_pa
     assert cli.trainer.ckpt_path == str(best.relative_to(tmp_path))
     score = float(best.stem.rpartition("val_loss=")[2])
     assert float(cli.trainer.callback_metrics["val_loss"]) == pytest.approx(score, abs=1e-4)
-    cut_off = tmp_path / "logs/regressor/version_1/checkpoints/last.ckpt"  # a newer run, killed while it wrote
+    cut_off = tmp_path / "logs/regressor/version_1/checkpoints/last.ckpt"  # a run killed while it wrote
     cut_off.parent.mkdir(parents=True)
     cut_off.write_bytes(best.read_bytes()[:100])
-    with pytest.warns(UserWarning, match=r"version_1/checkpoints/last.ckpt: not a readable .* Skipped: looking in the"):
-        cli = ProjectCLI(args=["validate", *args, "--ckpt_path=last"])
+    os.utime(cut_off, (0, 0))  # older: `last` is the newest run's, and the older one is not read
+    cli = ProjectCLI(args=["validate", *args, "--ckpt_path=last"])
     assert cli.trainer.ckpt_path == "logs/regressor/version_0/checkpoints/last.ckpt"
+    os.utime(cut_off)  # the newest: refused, not replaced by an older run's
+    with pytest.raises(
+        ConfigError, match=r"--ckpt_path logs/regressor/version_1/checkpoints/last.ckpt: not a readable"
+    ):
+        ProjectCLI(args=["validate", *args, "--ckpt_path=last"])
+    cut_off.unlink()
     ProjectCLI(args=["fit", *args, "--trainer.max_epochs=1", "--trainer.logger.init_args.name=none",
                      "--checkpoint.monitor=null", "--early_stopping.monitor=null"])  # fmt: skip
     with pytest.raises(MissingFileError, match=r"--ckpt_path best: no best-epoch checkpoint recorded in logs/none/"):

@@ -9,7 +9,9 @@ with a user's own plain task beside them. `make test` runs 15 cells that cover e
 
 from __future__ import annotations
 
+import copy
 import itertools
+import pickle
 import signal
 import warnings
 from pathlib import Path
@@ -19,6 +21,7 @@ import pytest
 import torch
 from lightning import Callback, Trainer, seed_everything
 from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.demos.boring_classes import BoringModel
 from torch.utils.data import DataLoader, IterableDataset, RandomSampler, TensorDataset
 
 from lightning_template.engine import ExactResume, ResumeCheckpoint
@@ -302,3 +305,22 @@ def test_a_loader_that_cannot_continue_mid_epoch_is_kept_as_it_is_with_the_reaso
     loader = make(data)
     kept, reason = resumable_loader(loader, trainer=None)
     assert kept is loader and why in reason
+
+
+def test_a_module_copied_or_pickled_during_fit_carries_nothing_of_the_engine(tmp_path: Path) -> None:
+    """The per-batch seeding is installed on the trainer's side, and taken away when fit ends."""
+
+    class CopyAtEpochEnd(Callback):
+        def on_train_epoch_end(self, trainer: Trainer, pl_module: Any) -> None:
+            self.copy = copy.deepcopy(pl_module)  # the "keep the best model" habit
+            self.pickled = pickle.dumps(pl_module)
+
+    keep = CopyAtEpochEnd()
+    trainer = Trainer(default_root_dir=tmp_path, max_epochs=1, limit_train_batches=2, limit_val_batches=0,
+                      callbacks=[ExactResume(), keep], logger=False, enable_checkpointing=False,
+                      enable_progress_bar=False, enable_model_summary=False)  # fmt: skip
+    trainer.fit(BoringModel())
+    engine = ExactResume.__module__.partition(".")[0]
+    assert not [name for name, v in vars(keep.copy).items() if getattr(v, "__module__", "").startswith(engine)]
+    assert isinstance(pickle.loads(keep.pickled), BoringModel)
+    assert "convert_input" not in vars(trainer.precision_plugin)  # nothing left behind

@@ -29,7 +29,7 @@ from lightning import Callback, LightningModule, Trainer
 from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
-from lightning_template.engine.errors import ConfigError, MissingFileError, ProjectError
+from lightning_template.engine.errors import ConfigError, MissingFileError
 from lightning_template.engine.lightning_internals import subcommand_parser
 from lightning_template.engine.sampling import global_seed
 from lightning_template.engine.tracking import (
@@ -235,24 +235,14 @@ def _check_same_data(config: Any, found: RunCheckpoint, run: Path, dump_fit_conf
 
 def _runs_newest_first(config: Any) -> tuple[Path | None, Iterator[RunCheckpoint]]:
     """This experiment's folder and the last.ckpt of each of its runs that this logger can continue, newest first,
-    each read when it is reached; an unreadable one (an older run cut off while writing) is skipped, said."""
+    each read when it is reached (an older run's file, cut off while it was written, matters only if reached)."""
     folder = experiment_dir(config)
     if folder is None:
         return None, iter(())
     logger_class = logger_type(config.trainer.get("logger"))
     paths = sorted(folder.glob("*/checkpoints/last.ckpt"), key=lambda p: p.stat().st_mtime, reverse=True)
-
-    def readable() -> Iterator[RunCheckpoint]:
-        for path in paths:
-            try:
-                run = RunCheckpoint.read(path)
-            except ProjectError as err:
-                rank_zero_warn(f"{err} Skipped: looking in the runs before it.")
-                continue
-            if can_continue(logger_class, run.tracker_runs):
-                yield run
-
-    return folder, readable()
+    runs = (RunCheckpoint.read(path) for path in paths)
+    return folder, (run for run in runs if can_continue(logger_class, run.tracker_runs))
 
 
 def _last_checkpoint(config: Any, subcommand: str | None) -> RunCheckpoint | None:

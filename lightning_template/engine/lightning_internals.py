@@ -11,7 +11,7 @@ import contextlib
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from lightning import Callback, LightningDataModule, LightningModule, Trainer
+from lightning import Callback, LightningDataModule, Trainer
 from lightning.pytorch.callbacks import Checkpoint, EarlyStopping, ModelCheckpoint
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, _InstantiatorFn
 from lightning.pytorch.profilers import PassThroughProfiler
@@ -47,7 +47,6 @@ USED = (
     ("EarlyStopping", "_check_on_train_epoch_end"),
     ("WeightAveraging", "_average_model"),
     ("LightningModule", "_current_fx_name"),
-    ("LightningModule", "_on_before_batch_transfer"),
     ("LightningCLI", "_parse_ckpt_path"),
     ("LightningCLI", "_parser"),
     ("call", "_call_callback_hooks"),
@@ -209,17 +208,20 @@ def averaged_model(callback: Any) -> Any:
     return callback._average_model
 
 
-def call_before_batch_hooks(pl_module: LightningModule, before: Callable[[], None]) -> Callable[[], None]:
-    """Call `before()` each time the loops hand a batch to the module's batch hooks (`on_before_batch_transfer`, the
-    move to the device, `on_after_batch_transfer`), before them; returns what undoes it."""
-    hand_over = pl_module._on_before_batch_transfer
+def call_before_batch_hooks(trainer: Trainer, before: Callable[[], None]) -> Callable[[], None]:
+    """Call `before()` each time a loop hands a batch to the module's batch hooks (`on_before_batch_transfer`, the
+    move to the device, `on_after_batch_transfer`), before them: through the precision plugin's `convert_input`,
+    which the loops call just before (the trainer's, not the module's: the module stays as it is, to copy or pickle);
+    returns what undoes it."""
+    plugin = trainer.precision_plugin
+    convert = plugin.convert_input
 
-    def before_then_hand_over(batch: Any, dataloader_idx: int = 0) -> Any:
+    def before_then_convert(data: Any) -> Any:
         before()
-        return hand_over(batch, dataloader_idx=dataloader_idx)
+        return convert(data)
 
-    pl_module._on_before_batch_transfer = before_then_hand_over  # type: ignore[method-assign]
-    return lambda: vars(pl_module).pop("_on_before_batch_transfer", None)
+    plugin.convert_input = before_then_convert  # type: ignore[method-assign]
+    return lambda: vars(plugin).pop("convert_input", None)
 
 
 def wrap_train_loader(trainer: Trainer, wrap: Callable[[Any], Any]) -> None:

@@ -61,8 +61,9 @@ class MonitoredMetrics(Callback):
     """At the end of the first validation (the sanity check's, if it runs), every `monitor` of the run's callbacks
     must be among the logged metrics: otherwise a one-line error names the option and what was logged. Metrics of
     the training loop (named `train...`), logged only once training runs, are checked after the first validation of
-    training, for the callbacks that read them there; one that reads them at the training epoch's end (where
-    epoch-level training metrics are known) checks them itself, as does an EarlyStopping with `strict=False`."""
+    training, unless their callback reads them at the training epoch's end (where a metric logged once an epoch is
+    known): Lightning's check there. An EarlyStopping with `strict=False` goes on without its metric, as in
+    Lightning."""
 
     def __init__(self) -> None:
         self.checked = False
@@ -84,7 +85,10 @@ class MonitoredMetrics(Callback):
             missing = [(c, m) for c, m in missing if not m.startswith("train")]
         else:
             self.checked = True
-            missing = [(c, m) for c, m in missing if not reads_at_train_epoch_end(c, trainer)]
+            # A training metric logged once an epoch is known at the epoch's end: left to a callback reading it there.
+            missing = [
+                (c, m) for c, m in missing if not (m.startswith("train") and reads_at_train_epoch_end(c, trainer))
+            ]
         if missing:
             callback, monitor = missing[0]
             shown = ", ".join(sorted(k for k in logged if not k.startswith("lr-"))) or "nothing"

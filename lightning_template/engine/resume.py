@@ -241,7 +241,7 @@ class ExactResume(Callback):
 
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._install_signal_handlers(trainer)
-        self._undo_batch_hooks = call_before_batch_hooks(pl_module, self._seed_training_batch)
+        self._undo_batch_hooks = call_before_batch_hooks(trainer, self._seed_training_batch)
         self._seeded_at_hand_over = False
         self._trainer_loop_skipped = False
         if self._inexact and not trainer.fit_loop.restarted_mid_epoch:
