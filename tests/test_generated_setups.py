@@ -111,11 +111,9 @@ def setups(draw: st.DrawFn) -> Setup:
         "dropout": draw(st.sampled_from([0.0, 0.2])),
         "step_buffer": draw(st.booleans()),
         "checkpoint_entry": draw(st.booleans()),
-        "hook_draws": draw(st.booleans()),
     }
     if scheduler is None:
-        kept = ("optimization", "dropout", "step_buffer", "checkpoint_entry", "hook_draws")
-        model = {k: v for k, v in model.items() if k in kept}
+        model = {k: v for k, v in model.items() if k in ("optimization", "dropout", "step_buffer", "checkpoint_entry")}
     data = {
         "loader": loader,
         "batch_size": draw(st.sampled_from([12, 16])),
@@ -148,6 +146,7 @@ def setups(draw: st.DrawFn) -> Setup:
     if draw(st.booleans()):
         trainer["precision"] = "bf16-mixed"
     step_checkpoints = draw(st.none() | st.integers(2, 3))
+    model["hook_draws"] = draw(st.booleans())  # drawn last: the setups drawn before it stay as they were
     return Setup(model, data, trainer, step_checkpoints)
 
 
