@@ -73,6 +73,14 @@ def test_a_plain_task_stopped_by_sigterm_resumes_exactly(tmp_path: Path, monkeyp
 
 
 @pytest.mark.slow
+def test_a_training_step_that_takes_the_dataloader_iter_resumes_exactly(tmp_path: Path, monkeypatch) -> None:
+    """Its batches never reach the batch hooks, where the engine seeds each batch: seeded at each batch's end."""
+    model = ["--model=tests.plain_task.DataLoaderIterRegressor", "--model.dropout=0.3"]
+    args = [*model, "--data=tests.plain_task.RegressionData", *SHORT, "--data.train_size=160"]
+    assert resumed_in_this_process(tmp_path, monkeypatch, args, sigterm_at(epoch=0, batch=2)) == 10
+
+
+@pytest.mark.slow
 def test_a_plain_task_stopped_mid_epoch_resumes_exactly_with_its_own_metrics(tmp_path: Path, monkeypatch, capsys):
     """The uninterrupted run and the resume in this process, the stop by a real SIGTERM in a process of its own."""
     args = ["fit", *PLAIN, *SHORT, "--data.train_size=400"]
