@@ -99,10 +99,12 @@ seeds: data $(VENV)/.installed-tune
 test: $(VENV)/.installed-test
 	$(BIN)/python -m pytest -n auto --dist worksteal -m "not slow and not matrix"
 
-# Every test but the setups matrix (about 15 minutes on 2 CPU cores): processes, DDP, signals, generated
-# projects, every preset.
+# Every test but the setups matrix (12 to 15 minutes on 2 CPU cores): processes, DDP, signals, generated
+# projects, every preset. One process per core, as `make test`; then the tests whose processes meet on a local port,
+# one at a time: a port picked free for one such run could otherwise be taken by another's connections.
 test-all: $(VENV)/.installed-test
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -n auto --dist worksteal -m "not matrix and not processes"
+	$(BIN)/python -m pytest -m "processes and not matrix"
 
 # One folder of tests: make test-NAME runs tests/NAME/.
 test-%: $(VENV)/.installed-test

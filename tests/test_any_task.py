@@ -117,6 +117,7 @@ def test_a_plain_task_resumes_exactly_in_each_setup(setup: list[str], tmp_path: 
 
 
 @pytest.mark.slow
+@pytest.mark.processes
 def test_a_plain_task_under_ddp_resumes_exactly(tmp_path: Path) -> None:
     """Two gloo processes, each its shard of the same order; SIGTERM to rank 0 stops both at the same step."""
     env = {k: v for k, v in os.environ.items() if k not in {"MASTER_PORT", "MASTER_ADDR"}} | ONE_THREAD

@@ -17,6 +17,8 @@ from lightning_template.engine import ExactResume, ProcessGroupTeardown
 from tests.conftest import ROOT, run_cli
 from tests.helpers import free_port, max_difference
 
+pytestmark = pytest.mark.processes
+
 # Same data, seed and global batch (64) for every run below; no dropout, so runs can match.
 COMMON = [
     "--config", str(ROOT / "configs/simple_cnn_classic.yaml"),

@@ -184,6 +184,7 @@ def _ddp_finetune(tmp_path: Path, *flags: str) -> tuple[dict, dict]:
 
 
 @pytest.mark.slow
+@pytest.mark.processes
 def test_without_the_backbone_all_reduce_ddp_replicas_drift(tmp_path: Path, fashion_mnist_dir) -> None:
     """What the callback's all-reduce prevents (Lightning #20340): each rank trains its own backbone. The fp16 test
     below shows the replicas identical with it."""
@@ -195,6 +196,7 @@ def test_without_the_backbone_all_reduce_ddp_replicas_drift(tmp_path: Path, fash
 
 
 @pytest.mark.slow
+@pytest.mark.processes
 def test_fp16_overflow_on_one_rank_is_skipped_by_every_rank(tmp_path: Path, fashion_mnist_dir) -> None:
     rank0, rank1 = _ddp_finetune(tmp_path, "--fp16-inf")
     assert rank0["scales"] == rank1["scales"]  # both ranks saw the overflow and halved the loss scale

@@ -56,6 +56,7 @@ def test_gpu_script_without_cuda_says_so_and_measures_nothing(tmp_path: Path) ->
 
 
 @pytest.mark.slow
+@pytest.mark.processes
 @pytest.mark.matrix  # nightly (make matrix)
 def test_gpu_script_runs_every_part_on_a_cpu(tmp_path: Path) -> None:
     """`--allow-cpu`: the same code paths with tiny sizes (precisions, channels_last, overhead, a 2-process DDP)."""

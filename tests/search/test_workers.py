@@ -80,6 +80,7 @@ def kill_when(process: subprocess.Popen, find: Callable[[], int | None]) -> int:
 
 
 @pytest.mark.slow
+@pytest.mark.processes
 def test_two_workers_on_postgresql_share_the_grid_resume_a_killed_worker_and_match_one_process(tmp_path, postgres):
     """configs/slurm/tune.sbatch as one task of its array runs it on a node with 2 devices (here, CPU threads)."""
     space = write_space(tmp_path / "space.yaml", GRID)
@@ -137,6 +138,7 @@ def test_two_workers_on_postgresql_share_the_grid_resume_a_killed_worker_and_mat
 
 
 @pytest.mark.slow
+@pytest.mark.processes
 @pytest.mark.matrix  # nightly: the slowest checks
 def test_multirun_with_two_workers_takes_over_a_killed_workers_seed_and_resumes_it(tmp_path):
     args = ["--config", JOB, "--seeds", "1", "2", "--workers", "2", "--name", "m", *SHORT]

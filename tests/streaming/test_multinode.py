@@ -25,6 +25,8 @@ from convert import convert
 from tests.conftest import ROOT, run_cli
 from tests.helpers import free_port, max_difference, read_events
 
+pytestmark = pytest.mark.processes
+
 # 3 classes, about 300 validation images (an odd count: padding to equal shards would repeat one).
 STREAMING = "lightning_template.streaming.StreamingImageDataModule"
 SUBSET = {"classes": [0, 1, 7], "train_samples_per_class": 64, "val_size": 1001}
