@@ -49,7 +49,7 @@ QUIET = [
 # the validation due after its batch, or a loader the engine keeps has persistent workers (their random streams).
 SAID_WHY = (
     "starts the epoch's data again", "inside an accumulated step", "before the validation due",
-    "keeps its worker processes from epoch to epoch",
+    "keeps its worker processes from epoch to epoch", "without that epoch's end",
 )  # fmt: skip
 
 
@@ -61,6 +61,7 @@ class Setup:
     data: dict[str, Any] = field(default_factory=dict)
     trainer: dict[str, Any] = field(default_factory=dict)
     step_checkpoints: int | None = None  # a ModelCheckpoint every N optimizer steps, all kept
+    early_stopping: bool = False  # stops at the first validation that does not improve val_loss by 0.1
 
     def args(self) -> list[str]:
         args = ["--model=tests.generated_setups.GeneratedModule", "--data=tests.generated_setups.GeneratedData"]
@@ -74,6 +75,8 @@ class Setup:
                 "--trainer.callbacks+=ModelCheckpoint", every, "--trainer.callbacks.save_top_k=-1",
                 "--trainer.callbacks.filename={step}",
             ]  # fmt: skip
+        if self.early_stopping:
+            args += ["--early_stopping.patience=1", "--early_stopping.min_delta=0.1"]
         return [*args, *QUIET]
 
 
@@ -146,8 +149,8 @@ def setups(draw: st.DrawFn) -> Setup:
     if draw(st.booleans()):
         trainer["precision"] = "bf16-mixed"
     step_checkpoints = draw(st.none() | st.integers(2, 3))
-    model["hook_draws"] = draw(st.booleans())  # drawn last: the setups drawn before it stay as they were
-    return Setup(model, data, trainer, step_checkpoints)
+    model["hook_draws"] = draw(st.booleans())  # drawn late: the setups drawn before it stay as they were
+    return Setup(model, data, trainer, step_checkpoints, early_stopping=draw(st.booleans()))
 
 
 stops = st.builds(
@@ -335,6 +338,17 @@ STOP_BEFORE_VALIDATION = Setup(  # a SIGTERM after a batch with a validation due
 HOOK_DRAWS = Setup(  # random numbers drawn in the module's on_train_batch_end, after the engine's callbacks
     model={"hook_draws": True, "dropout": 0.2}, data={"loader": "map", "batch_size": 16}, trainer={"max_epochs": 2}
 )
+EARLY_STOP = Setup(  # early stopping decides at the second epoch's end (Lightning does not save that decision)
+    data={"loader": "map", "batch_size": 12, "train_size": 100},
+    trainer={"max_steps": 13, "limit_train_batches": 0.75},
+    early_stopping=True,
+)
+EARLY_STOP_IN_AN_EPOCH = Setup(  # ... or at a validation every half epoch, written before that epoch's end
+    model={"optimization": "manual"},
+    data={"loader": "map", "batch_size": 12, "train_size": 100},
+    trainer={"max_steps": 7, "limit_train_batches": 0.75, "val_check_interval": 0.5},
+    early_stopping=True,
+)
 INSIDE_A_STEP = Setup(  # the best-epoch checkpoint of a validation every 3 batches, accumulating 2
     data={"loader": "map", "batch_size": 12},
     trainer={"accumulate_grad_batches": 2, "val_check_interval": 3, "max_steps": 7},
@@ -374,6 +388,8 @@ FOUND = [  # each ended otherwise on an earlier version
     pytest.param(STOP_BEFORE_VALIDATION, Stop("sigterm", 3), "warned", id="sigterm-before-a-mid-epoch-validation"),
     pytest.param(INSIDE_A_STEP, Stop("kill", 0), "warned", id="checkpoint-inside-an-accumulated-step"),
     pytest.param(HOOK_DRAWS, Stop("sigterm", 3), "exact", id="draws-in-the-modules-batch-end-hook"),
+    pytest.param(EARLY_STOP, Stop("sigterm", 11), "exact", id="early-stopping-decided-at-an-epochs-end"),
+    pytest.param(EARLY_STOP_IN_AN_EPOCH, Stop("sigterm", 5), "exact", id="early-stopping-decided-in-an-epoch"),
 ]
 
 

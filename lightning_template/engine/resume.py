@@ -30,6 +30,7 @@ from typing import Any
 import torch
 from lightning import Callback, LightningModule, Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.callbacks.early_stopping import EarlyStoppingReason
 from lightning.pytorch.plugins.environments import SLURMEnvironment
 from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
@@ -268,6 +269,9 @@ class ExactResume(Callback):
         # nor does this one, where the step's first micro-batches after the resume would write it again.
         for callback in trainer.checkpoint_callbacks:
             mark_saved_at(callback, trainer.global_step)
+        if any(c.stopping_reason != EarlyStoppingReason.NOT_STOPPED for c in trainer.early_stopping_callbacks):
+            self._end_where_it_stopped(trainer)
+            return
         self._leave_restart = end_restarted_epoch(trainer)
         self._iterate_anew = not trainer.fit_loop.restarted_mid_epoch
         self._restore_plateau_schedulers(trainer)
@@ -311,6 +315,22 @@ class ExactResume(Callback):
             )
             return
         rank_zero_info(f"ExactResume: continuing epoch {trainer.current_epoch} after {done} batches.")
+
+    def _end_where_it_stopped(self, trainer: Trainer) -> None:
+        """Early stopping had decided to stop the run where its checkpoint was written: it ends there, as it did.
+        Lightning restores the callback's decision but not `trainer.should_stop`, and would train on until the next
+        validation. (A stop of `--trainer.max_time` or of your own code is a pause: the resumed run goes on.)"""
+        trainer.should_stop = True
+        if not trainer.fit_loop.restarted_mid_epoch:
+            rank_zero_info(
+                f"ExactResume: early stopping had decided to stop at the end of epoch {trainer.current_epoch}."
+            )
+            return
+        rank_zero_warn(
+            f"ExactResume: the checkpoint was written in epoch {trainer.current_epoch} after early stopping had"
+            " decided to stop the run: it ends here, with the same weights, but without that epoch's end, which the run"
+            " never stopped went on to (on_train_epoch_end hooks, epoch-interval schedulers, last.ckpt at the end)."
+        )
 
     def _start_after_last_batch(self, trainer: Trainer) -> None:
         """Restarted from a checkpoint written after an epoch's last batch, before that epoch's end: Lightning counts
