@@ -191,6 +191,16 @@ def test_early_stopping_says_why_and_where_the_run_stopped(tmp_path: Path, monke
 
 
 @pytest.mark.slow
+def test_early_stopping_in_the_first_epoch_at_a_threshold_says_lightnings_reason(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    ProjectCLI(args=["fit", *PLAIN, *SHORT, "--trainer.max_epochs=5", "--early_stopping.stopping_threshold=100",
+                     "--data.train_size=64", "--trainer.logger=false"])  # fmt: skip
+    printed = capsys.readouterr().out
+    said = r"early stopping: Stopping threshold reached: val_loss = [\d.]+ < 100\.0; stopped after epoch 1 of 5\n"
+    assert re.search(said, printed), printed  # in the first epoch, where Lightning's stopped_epoch is 0
+
+
+@pytest.mark.slow
 def test_resuming_from_the_path_of_a_runs_checkpoint_continues_that_run_as_last_does(tmp_path: Path, monkeypatch):
     """The path the console printed (`last checkpoint: logs/...`) and `--ckpt_path last` continue the same run folder;
     a checkpoint of another experiment starts a run of this one."""

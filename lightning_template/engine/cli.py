@@ -31,6 +31,7 @@ from lightning.pytorch.callbacks import (
     ModelCheckpoint,
     ProgressBar,
 )
+from lightning.pytorch.callbacks.early_stopping import EarlyStoppingReason
 from lightning.pytorch.cli import LightningArgumentParser
 from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.utilities import rank_zero_info
@@ -70,6 +71,7 @@ from lightning_template.engine.tracking import (
 )
 from lightning_template.script_args import nearest_options, option_values
 
+NOT_STOPPED, PATIENCE_EXHAUSTED = EarlyStoppingReason.NOT_STOPPED, EarlyStoppingReason.PATIENCE_EXHAUSTED
 ROOT = Path(__file__).resolve().parents[2]  # the project: configs/ and the scripts
 DEFAULTS = ROOT / "configs" / "defaults.yaml"
 SUBCOMMANDS = ("fit", "validate", "test", "predict")
@@ -392,10 +394,13 @@ class ProjectCLI(CLIHooks):
         last = next((c.best_model_path for c in trainer.checkpoint_callbacks if isinstance(c, ResumeCheckpoint)), "")
         if last:
             lines.append(f"last checkpoint: {last}")
-        stopped = next((c for c in trainer.early_stopping_callbacks if c.stopped_epoch > 0), None)
-        if stopped is not None:
-            lines.insert(0, f"early stopping: {stopped.monitor} did not improve for {stopped.wait_count} validations;"
-                            f" stopped after epoch {stopped.stopped_epoch + 1} of {trainer.max_epochs}")  # fmt: skip
+        stopped = next((c for c in trainer.early_stopping_callbacks if c.stopping_reason != NOT_STOPPED), None)
+        if stopped is not None:  # Lightning's reason, in fewer words where patience ran out
+            why = str(stopped.stopping_reason_message).removesuffix(" Signaling Trainer to stop.").rstrip(".")
+            if stopped.stopping_reason == PATIENCE_EXHAUSTED:
+                why = f"{stopped.monitor} did not improve for {stopped.wait_count} validations"
+            where = f"stopped after epoch {stopped.stopped_epoch + 1} of {trainer.max_epochs}"
+            lines.insert(0, f"early stopping: {why}; {where}")
         if self.config.fit.test_after_fit:
             try:
                 trainer.test(self.model, datamodule=self.datamodule, ckpt_path=best.best_model_path if best else None)
