@@ -71,7 +71,7 @@ from lightning_template.engine.tracking import (
 )
 from lightning_template.script_args import nearest_options, option_values
 
-NOT_STOPPED, PATIENCE_EXHAUSTED = EarlyStoppingReason.NOT_STOPPED, EarlyStoppingReason.PATIENCE_EXHAUSTED
+NOT_STOPPED = EarlyStoppingReason.NOT_STOPPED
 ROOT = Path(__file__).resolve().parents[2]  # the project: configs/ and the scripts
 DEFAULTS = ROOT / "configs" / "defaults.yaml"
 SUBCOMMANDS = ("fit", "validate", "test", "predict")
@@ -395,12 +395,11 @@ class ProjectCLI(CLIHooks):
         if last:
             lines.append(f"last checkpoint: {last}")
         stopped = next((c for c in trainer.early_stopping_callbacks if c.stopping_reason != NOT_STOPPED), None)
-        if stopped is not None:  # Lightning's reason, in fewer words where patience ran out
+        if stopped is not None and trainer.should_stop:  # Lightning's reason, as it was when it decided
             why = str(stopped.stopping_reason_message).removesuffix(" Signaling Trainer to stop.").rstrip(".")
-            if stopped.stopping_reason == PATIENCE_EXHAUSTED:
-                why = f"{stopped.monitor} did not improve for {stopped.wait_count} validations"
-            where = f"stopped after epoch {stopped.stopped_epoch + 1} of {trainer.max_epochs}"
-            lines.insert(0, f"early stopping: {why}; {where}")
+            lines.insert(
+                0, f"early stopping: {why}; stopped after epoch {trainer.current_epoch} of {trainer.max_epochs}"
+            )
         if self.config.fit.test_after_fit:
             try:
                 trainer.test(self.model, datamodule=self.datamodule, ckpt_path=best.best_model_path if best else None)

@@ -134,6 +134,9 @@ def warn_skipped_validation(epoch: int, done: int) -> None:
     )
 
 
+NOT_STOPPED = EarlyStoppingReason.NOT_STOPPED
+
+
 class ResumeCheckpoint(ModelCheckpoint):
     """`last.ckpt`, rewritten at every epoch end (or validation) and on a graceful stop, never half a step.
 
@@ -226,6 +229,7 @@ class ExactResume(Callback):
         state = {
             "batch_size": getattr(loader, "batch_size", None),
             "world_size": trainer.world_size,
+            "should_stop": trainer.should_stop,  # the run's decision to stop, which Lightning does not save
         }
         if isinstance(loader, ResumesFromLoop) and loader.worker_dependent:  # streamed: workers own chunk shares
             state["num_workers"] = loader.num_workers
@@ -269,9 +273,10 @@ class ExactResume(Callback):
         # nor does this one, where the step's first micro-batches after the resume would write it again.
         for callback in trainer.checkpoint_callbacks:
             mark_saved_at(callback, trainer.global_step)
-        if any(c.stopping_reason != EarlyStoppingReason.NOT_STOPPED for c in trainer.early_stopping_callbacks):
-            self._end_where_it_stopped(trainer)
-            return
+        if self._saved.get("should_stop") and any(
+            c.stopping_reason != NOT_STOPPED for c in trainer.early_stopping_callbacks
+        ):
+            self._stop_as_decided(trainer)
         self._leave_restart = end_restarted_epoch(trainer)
         self._iterate_anew = not trainer.fit_loop.restarted_mid_epoch
         self._restore_plateau_schedulers(trainer)
@@ -316,21 +321,23 @@ class ExactResume(Callback):
             return
         rank_zero_info(f"ExactResume: continuing epoch {trainer.current_epoch} after {done} batches.")
 
-    def _end_where_it_stopped(self, trainer: Trainer) -> None:
-        """Early stopping had decided to stop the run where its checkpoint was written: it ends there, as it did.
-        Lightning restores the callback's decision but not `trainer.should_stop`, and would train on until the next
-        validation. (A stop of `--trainer.max_time` or of your own code is a pause: the resumed run goes on.)"""
+    def _stop_as_decided(self, trainer: Trainer) -> None:
+        """Early stopping had decided to stop the run before its checkpoint was written: the resumed run has decided
+        too, and stops at once, as it did (or trains on while `--trainer.min_epochs`/`min_steps` ask for more, as it
+        did). Lightning restores the callback but not `trainer.should_stop`, and would train to the next validation.
+        A stop of `--trainer.max_time` or of your own code is a pause: the resumed run goes on."""
         trainer.should_stop = True
-        if not trainer.fit_loop.restarted_mid_epoch:
-            rank_zero_info(
-                f"ExactResume: early stopping had decided to stop at the end of epoch {trainer.current_epoch}."
-            )
-            return
-        rank_zero_warn(
-            f"ExactResume: the checkpoint was written in epoch {trainer.current_epoch} after early stopping had"
-            " decided to stop the run: it ends here, with the same weights, but without that epoch's end, which the run"
-            " never stopped went on to (on_train_epoch_end hooks, epoch-interval schedulers, last.ckpt at the end)."
+        where = "in the middle of an epoch" if trainer.fit_loop.restarted_mid_epoch else "at an epoch's end"
+        message = (
+            f"ExactResume: the checkpoint was written {where} after early stopping had decided to stop the run: it"
+            " stops at once (unless --trainer.min_epochs or min_steps ask for more). To train it further, start a new"
+            " run from its weights."
         )
+        if trainer.fit_loop.restarted_mid_epoch:  # what the run never stopped did at that epoch's end is not run
+            rank_zero_warn(f"{message} It stops without that epoch's end (its on_train_epoch_end hooks, epoch-interval"
+                           " schedulers).")  # fmt: skip
+        else:
+            rank_zero_info(message)
 
     def _start_after_last_batch(self, trainer: Trainer) -> None:
         """Restarted from a checkpoint written after an epoch's last batch, before that epoch's end: Lightning counts
