@@ -31,7 +31,6 @@ from lightning.pytorch.callbacks import (
     ModelCheckpoint,
     ProgressBar,
 )
-from lightning.pytorch.callbacks.early_stopping import EarlyStoppingReason
 from lightning.pytorch.cli import LightningArgumentParser
 from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.utilities import rank_zero_info
@@ -57,7 +56,13 @@ from lightning_template.engine.lightning_internals import (
     skip_idle_hooks,
     subcommand_parser,
 )
-from lightning_template.engine.monitor import BestCheckpoint, EarlyStop, MonitoredMetrics, monitoring_off
+from lightning_template.engine.monitor import (
+    BestCheckpoint,
+    EarlyStop,
+    MonitoredMetrics,
+    early_stopping_decided,
+    monitoring_off,
+)
 from lightning_template.engine.predictions import CSVPredictionWriter
 from lightning_template.engine.process_group import ProcessGroupTeardown
 from lightning_template.engine.resume import ExactResume, ResumeCheckpoint
@@ -71,7 +76,6 @@ from lightning_template.engine.tracking import (
 )
 from lightning_template.script_args import nearest_options, option_values
 
-NOT_STOPPED = EarlyStoppingReason.NOT_STOPPED
 ROOT = Path(__file__).resolve().parents[2]  # the project: configs/ and the scripts
 DEFAULTS = ROOT / "configs" / "defaults.yaml"
 SUBCOMMANDS = ("fit", "validate", "test", "predict")
@@ -394,7 +398,7 @@ class ProjectCLI(CLIHooks):
         last = next((c.best_model_path for c in trainer.checkpoint_callbacks if isinstance(c, ResumeCheckpoint)), "")
         if last:
             lines.append(f"last checkpoint: {last}")
-        stopped = next((c for c in trainer.early_stopping_callbacks if c.stopping_reason != NOT_STOPPED), None)
+        stopped = early_stopping_decided(trainer)
         if stopped is not None and trainer.should_stop:  # Lightning's reason, as it was when it decided
             why = str(stopped.stopping_reason_message).removesuffix(" Signaling Trainer to stop.").rstrip(".")
             lines.insert(

@@ -12,6 +12,7 @@ from typing import Any
 
 from lightning import Callback, LightningModule, Trainer
 from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
+from lightning.pytorch.callbacks.early_stopping import EarlyStoppingReason
 
 from lightning_template.engine.errors import ConfigError
 from lightning_template.engine.lightning_internals import reads_at_train_epoch_end
@@ -46,6 +47,12 @@ class EarlyStop(EarlyStopping):
 def monitoring_off(callback: Callback) -> bool:
     """A best-epoch checkpoint or early stopping whose monitor was set to null (a model that logs nothing)."""
     return isinstance(callback, (BestCheckpoint, EarlyStop)) and not callback.monitor
+
+
+def early_stopping_decided(trainer: Trainer) -> EarlyStopping | None:
+    """The early stopping that has decided to stop the run, if one has (Lightning keeps its reason once set)."""
+    decided = (c for c in trainer.early_stopping_callbacks if c.stopping_reason != EarlyStoppingReason.NOT_STOPPED)
+    return next(decided, None)
 
 
 def option_of(callback: Callback) -> str:

@@ -30,7 +30,6 @@ from typing import Any
 import torch
 from lightning import Callback, LightningModule, Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint
-from lightning.pytorch.callbacks.early_stopping import EarlyStoppingReason
 from lightning.pytorch.plugins.environments import SLURMEnvironment
 from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
@@ -56,6 +55,7 @@ from lightning_template.engine.lightning_internals import (
     train_data_fetcher,
     wrap_train_loader,
 )
+from lightning_template.engine.monitor import early_stopping_decided
 from lightning_template.engine.sampling import (
     ResumesFromLoop,
     derive_seed,
@@ -132,9 +132,6 @@ def warn_skipped_validation(epoch: int, done: int) -> None:
         " running it, so its metrics (and the best checkpoint, early stopping or plateau step they decide) are not"
         " the run's that was stopped. last.ckpt and the best-epoch checkpoint are written after it."
     )
-
-
-NOT_STOPPED = EarlyStoppingReason.NOT_STOPPED
 
 
 class ResumeCheckpoint(ModelCheckpoint):
@@ -273,9 +270,7 @@ class ExactResume(Callback):
         # nor does this one, where the step's first micro-batches after the resume would write it again.
         for callback in trainer.checkpoint_callbacks:
             mark_saved_at(callback, trainer.global_step)
-        if self._saved.get("should_stop") and any(
-            c.stopping_reason != NOT_STOPPED for c in trainer.early_stopping_callbacks
-        ):
+        if self._saved.get("should_stop") and early_stopping_decided(trainer):
             self._stop_as_decided(trainer)
         self._leave_restart = end_restarted_epoch(trainer)
         self._iterate_anew = not trainer.fit_loop.restarted_mid_epoch
@@ -327,17 +322,17 @@ class ExactResume(Callback):
         did). Lightning restores the callback but not `trainer.should_stop`, and would train to the next validation.
         A stop of `--trainer.max_time` or of your own code is a pause: the resumed run goes on."""
         trainer.should_stop = True
-        where = "in the middle of an epoch" if trainer.fit_loop.restarted_mid_epoch else "at an epoch's end"
         message = (
-            f"ExactResume: the checkpoint was written {where} after early stopping had decided to stop the run: it"
-            " stops at once (unless --trainer.min_epochs or min_steps ask for more). To train it further, start a new"
-            " run from its weights."
+            "ExactResume: early stopping had decided to stop the run before its checkpoint was written: it stops at"
+            " once (unless --trainer.min_epochs or min_steps ask for more). To train it further, start a new run from"
+            " its weights."
         )
-        if trainer.fit_loop.restarted_mid_epoch:  # what the run never stopped did at that epoch's end is not run
-            rank_zero_warn(f"{message} It stops without that epoch's end (its on_train_epoch_end hooks, epoch-interval"
-                           " schedulers).")  # fmt: skip
-        else:
+        if not trainer.fit_loop.restarted_mid_epoch:
             rank_zero_info(message)
+            return
+        # What the run never stopped did at that epoch's end is not run.
+        rank_zero_warn(f"{message} Written in the middle of an epoch, it stops without that epoch's end (its"
+                       " on_train_epoch_end hooks, epoch-interval schedulers).")  # fmt: skip
 
     def _start_after_last_batch(self, trainer: Trainer) -> None:
         """Restarted from a checkpoint written after an epoch's last batch, before that epoch's end: Lightning counts
