@@ -19,6 +19,7 @@ from typing import Any
 import torch
 from lightning import Callback, LightningDataModule, LightningModule, Trainer
 from lightning.fabric.plugins import TorchCheckpointIO
+from lightning.pytorch.callbacks import BaseFinetuning
 from torch import nn
 from torch.nn import functional as F
 from torch.optim import lr_scheduler
@@ -61,6 +62,7 @@ class GeneratedModule(LightningModule):
         step_buffer: bool = False,
         checkpoint_entry: bool = False,
         hook_draws: bool = False,
+        batch_norm: bool = False,
         lr: float = 0.05,
     ) -> None:
         """
@@ -78,12 +80,14 @@ class GeneratedModule(LightningModule):
             checkpoint_entry: a count of trained samples saved under a checkpoint entry of its own.
             hook_draws: random numbers drawn outside the step: noise added to each training batch on the device
                 (`on_after_batch_transfer`), and a draw in `on_train_batch_end` (as a stochastic schedule makes).
+            batch_norm: a BatchNorm layer in the hidden layer.
             lr: the learning rate.
         """
         super().__init__()
         self.save_hyperparameters()
         self.automatic_optimization = optimization == "automatic"
-        self.body = nn.Sequential(nn.Linear(49, 32), nn.ReLU(), nn.Dropout(dropout))
+        norm = [nn.BatchNorm1d(32)] if batch_norm else []
+        self.body = nn.Sequential(nn.Linear(49, 32), *norm, nn.ReLU(), nn.Dropout(dropout))
         self.head = nn.Linear(32, 10)
         if step_buffer:
             self.register_buffer("loss_average", torch.zeros(()))
@@ -355,6 +359,22 @@ class SigtermInValidation(Callback):
         if not trainer.sanity_checking and self.seen == self.index:
             self.seen = -(10**9)  # once
             os.kill(os.getpid(), signal.SIGTERM)
+
+
+class FreezeUntilEpoch(BaseFinetuning):
+    """A user's fine-tuning, as Lightning's docs write one: the hidden layer, its BatchNorm's statistics included,
+    frozen until `epoch`."""
+
+    def __init__(self, epoch: int = 1) -> None:
+        super().__init__()
+        self.epoch = epoch
+
+    def freeze_before_training(self, pl_module: LightningModule) -> None:
+        self.freeze(pl_module.body, train_bn=False)
+
+    def finetune_function(self, pl_module: LightningModule, epoch: int, optimizer: torch.optim.Optimizer) -> None:
+        if epoch == self.epoch:  # its parameters are in the optimizer already: they start to train
+            self.make_trainable(pl_module.body)
 
 
 class KeepEveryCheckpoint(TorchCheckpointIO):

@@ -62,6 +62,8 @@ class Setup:
     trainer: dict[str, Any] = field(default_factory=dict)
     step_checkpoints: int | None = None  # a ModelCheckpoint every N optimizer steps, all kept
     early_stopping: bool = False  # stops at the first validation that does not improve val_loss by 0.1
+    accumulation_schedule: bool = False  # Lightning's GradientAccumulationScheduler: 2 micro-batches from epoch 1
+    fine_tuning: bool = False  # a BaseFinetuning: the hidden layer, BatchNorm included, frozen until epoch 1
 
     def args(self) -> list[str]:
         args = ["--model=tests.generated_setups.GeneratedModule", "--data=tests.generated_setups.GeneratedData"]
@@ -77,6 +79,10 @@ class Setup:
             ]  # fmt: skip
         if self.early_stopping:
             args += ["--early_stopping.patience=1", "--early_stopping.min_delta=0.1"]
+        if self.accumulation_schedule:
+            args += ["--trainer.callbacks+=GradientAccumulationScheduler", "--trainer.callbacks.scheduling={1: 2}"]
+        if self.fine_tuning:
+            args += ["--model.batch_norm=true", "--trainer.callbacks+=tests.generated_setups.FreezeUntilEpoch"]
         return [*args, *QUIET]
 
 
@@ -150,7 +156,10 @@ def setups(draw: st.DrawFn) -> Setup:
         trainer["precision"] = "bf16-mixed"
     step_checkpoints = draw(st.none() | st.integers(2, 3))
     model["hook_draws"] = draw(st.booleans())  # drawn late: the setups drawn before it stay as they were
-    return Setup(model, data, trainer, step_checkpoints, early_stopping=draw(st.booleans()))
+    early_stopping = draw(st.booleans())
+    scheduled = draw(st.booleans()) and trainer.get("accumulate_grad_batches") == 1  # Lightning's condition for it
+    finetuning = draw(st.booleans()) and optimization != "manual-two"  # one of its optimizers would train nothing
+    return Setup(model, data, trainer, step_checkpoints, early_stopping, scheduled, finetuning)
 
 
 stops = st.builds(
@@ -349,6 +358,12 @@ EARLY_STOP_IN_AN_EPOCH = Setup(  # ... or at a validation every half epoch, writ
     trainer={"max_steps": 7, "limit_train_batches": 0.75, "val_check_interval": 0.5},
     early_stopping=True,
 )
+ACCUMULATION_SCHEDULE = Setup(  # GradientAccumulationScheduler sets epoch 1's accumulation at its start
+    data={"loader": "map", "batch_size": 16, "train_size": 112}, trainer={"max_epochs": 3}, accumulation_schedule=True
+)
+FINE_TUNING = Setup(  # a BaseFinetuning freezes the hidden layer again in the resumed run's setup
+    data={"loader": "map", "batch_size": 16, "train_size": 112}, trainer={"max_epochs": 3}, fine_tuning=True
+)
 INSIDE_A_STEP = Setup(  # the best-epoch checkpoint of a validation every 3 batches, accumulating 2
     data={"loader": "map", "batch_size": 12},
     trainer={"accumulate_grad_batches": 2, "val_check_interval": 3, "max_steps": 7},
@@ -390,6 +405,9 @@ FOUND = [  # each ended otherwise on an earlier version
     pytest.param(HOOK_DRAWS, Stop("sigterm", 3), "exact", id="draws-in-the-modules-batch-end-hook"),
     pytest.param(EARLY_STOP, Stop("sigterm", 11), "exact", id="early-stopping-decided-at-an-epochs-end"),
     pytest.param(EARLY_STOP_IN_AN_EPOCH, Stop("sigterm", 5), "exact", id="early-stopping-decided-in-an-epoch"),
+    pytest.param(ACCUMULATION_SCHEDULE, Stop("sigterm", 10), "exact", id="accumulation-scheduled-for-the-epoch"),
+    pytest.param(FINE_TUNING, Stop("kill", 2), "exact", id="unfrozen-by-a-callback-before-an-epoch-end-checkpoint"),
+    pytest.param(FINE_TUNING, Stop("sigterm", 10), "exact", id="unfrozen-by-a-callback-in-the-stopped-epoch"),
 ]
 
 

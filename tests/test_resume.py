@@ -208,7 +208,8 @@ def test_checkpoints_hold_no_device_random_state(tmp_path: Path, fashion_mnist_d
     rank is saved, so resuming on fewer GPUs or under DDP restores every rank's own stream."""
     _fit(tmp_path, StopAfterEpoch(0))
     assert torch.load(tmp_path / "last.ckpt", weights_only=True)["callbacks"]["ExactResume"] == {
-        "batch_size": 32, "world_size": 1, "should_stop": True  # StopAfterEpoch stops the run as a user's code does
+        "batch_size": 32, "world_size": 1, "should_stop": True,  # StopAfterEpoch stops the run as a user's code does
+        "frozen": [], "fixed_statistics": [],  # nothing of the model is frozen
     }  # fmt: skip
 
 

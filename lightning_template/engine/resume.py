@@ -29,11 +29,12 @@ from typing import Any
 
 import torch
 from lightning import Callback, LightningModule, Trainer
-from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.callbacks import GradientAccumulationScheduler, ModelCheckpoint
 from lightning.pytorch.plugins.environments import SLURMEnvironment
 from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from lightning.pytorch.utilities.warnings import PossibleUserWarning
+from torch.nn.modules.batchnorm import _BatchNorm
 
 from lightning_template.engine.errors import ConfigError
 from lightning_template.engine.lightning_internals import (
@@ -71,6 +72,19 @@ def seed_all(seed: int) -> None:
         torch.cuda.manual_seed_all(seed)
     if torch.backends.mps.is_available():
         torch.mps.manual_seed(seed)
+
+
+def frozen_parts(module: LightningModule) -> dict[str, list[str]]:
+    """Which parameters do not train, and which BatchNorm layers keep their running statistics fixed: the model's
+    state that freezing sets (`requires_grad`, `track_running_stats`), which its state_dict does not hold."""
+    return {
+        "frozen": [name for name, parameter in module.named_parameters() if not parameter.requires_grad],
+        "fixed_statistics": [
+            name
+            for name, layer in module.named_modules()
+            if isinstance(layer, _BatchNorm) and not layer.track_running_stats
+        ],
+    }
 
 
 def at_step_boundary(trainer: Trainer) -> bool:
@@ -227,6 +241,7 @@ class ExactResume(Callback):
             "batch_size": getattr(loader, "batch_size", None),
             "world_size": trainer.world_size,
             "should_stop": trainer.should_stop,  # the run's decision to stop, which Lightning does not save
+            **frozen_parts(trainer.lightning_module),
         }
         if isinstance(loader, ResumesFromLoop) and loader.worker_dependent:  # streamed: workers own chunk shares
             state["num_workers"] = loader.num_workers
@@ -275,6 +290,7 @@ class ExactResume(Callback):
         self._leave_restart = end_restarted_epoch(trainer)
         self._iterate_anew = not trainer.fit_loop.restarted_mid_epoch
         self._restore_plateau_schedulers(trainer)
+        self._restore_frozen_parts(trainer)
         loaded = load_train_loader_states(trainer)
         workers = getattr(trainer.train_dataloader, "num_workers", 0) > 0
         if (loaded or workers) and train_data_fetcher(trainer) is not None:
@@ -287,6 +303,12 @@ class ExactResume(Callback):
         if restored_after_last_batch(trainer):
             self._start_after_last_batch(trainer)
             return
+        # The restarted epoch's on_train_epoch_start hooks ran in the stopped run, and Lightning does not run them
+        # again: a GradientAccumulationScheduler sets the epoch's accumulation there (after its own check, in its
+        # on_train_start before this one, that the Trainer's is 1).
+        for callback in trainer.callbacks:
+            if isinstance(callback, GradientAccumulationScheduler):
+                trainer.accumulate_grad_batches = callback.get_accumulate_grad_batches(trainer.current_epoch)
         # Lightning warns that a loader without state_dict cannot resume mid-epoch: this one continues exactly,
         # or the line below says what happens instead.
         self._warnings = warnings.catch_warnings()
@@ -362,6 +384,26 @@ class ExactResume(Callback):
             step_plateau_schedulers(trainer, pending)
         else:
             self._plateau_at_epoch_end = True
+
+    def _restore_frozen_parts(self, trainer: Trainer) -> None:
+        """The parts of the model frozen when the checkpoint was written, frozen again, the others trainable: a
+        callback that unfreezes during the run (Lightning's BackboneFinetuning) freezes again in a resumed run's
+        `setup`, and unfreezes only at the start of its epoch, which has passed."""
+        saved = self._saved or {}
+        if "frozen" not in saved:  # a checkpoint that does not say
+            return
+        module, frozen, fixed = trainer.lightning_module, set(saved["frozen"]), set(saved["fixed_statistics"])
+        changed = [p for name, p in module.named_parameters() if p.requires_grad == (name in frozen)]
+        for name, parameter in module.named_parameters():
+            parameter.requires_grad_(name not in frozen)
+        for name, layer in module.named_modules():
+            if isinstance(layer, _BatchNorm):
+                layer.track_running_stats = name not in fixed
+        if changed:
+            rank_zero_info(
+                f"ExactResume: {len(changed)} parameter tensors frozen or trainable again as when the checkpoint"
+                " was written (a callback had changed them)."
+            )
 
     def _check_same_batches(self, trainer: Trainer) -> None:
         """Mid-epoch, the batches already trained are skipped: that needs the same batches."""
