@@ -64,6 +64,7 @@ class Setup:
     early_stopping: bool = False  # stops at the first validation that does not improve val_loss by 0.1
     accumulation_schedule: bool = False  # Lightning's GradientAccumulationScheduler: 2 micro-batches from epoch 1
     fine_tuning: bool = False  # a BaseFinetuning: the hidden layer, BatchNorm included, frozen until epoch 1
+    epoch_checkpoints: bool = False  # a ModelCheckpoint at every training epoch's end, all kept
 
     def args(self) -> list[str]:
         args = ["--model=tests.generated_setups.GeneratedModule", "--data=tests.generated_setups.GeneratedData"]
@@ -76,6 +77,11 @@ class Setup:
             args += [
                 "--trainer.callbacks+=ModelCheckpoint", every, "--trainer.callbacks.save_top_k=-1",
                 "--trainer.callbacks.filename={step}",
+            ]  # fmt: skip
+        if self.epoch_checkpoints:
+            args += [
+                "--trainer.callbacks+=ModelCheckpoint", "--trainer.callbacks.save_on_train_epoch_end=true",
+                "--trainer.callbacks.save_top_k=-1", "--trainer.callbacks.filename={epoch}-end",
             ]  # fmt: skip
         if self.early_stopping:
             args += ["--early_stopping.patience=1", "--early_stopping.min_delta=0.1"]
@@ -159,7 +165,10 @@ def setups(draw: st.DrawFn) -> Setup:
     early_stopping = draw(st.booleans())
     scheduled = draw(st.booleans()) and trainer.get("accumulate_grad_batches") == 1  # Lightning's condition for it
     finetuning = draw(st.booleans()) and optimization != "manual-two"  # one of its optimizers would train nothing
-    return Setup(model, data, trainer, step_checkpoints, early_stopping, scheduled, finetuning)
+    if draw(st.booleans()):
+        trainer["reload_dataloaders_every_n_epochs"] = 1
+    epoch_checkpoints = draw(st.booleans())
+    return Setup(model, data, trainer, step_checkpoints, early_stopping, scheduled, finetuning, epoch_checkpoints)
 
 
 stops = st.builds(
