@@ -192,12 +192,18 @@ def test_early_stopping_says_why_and_where_the_run_stopped(tmp_path: Path, monke
 
 
 @pytest.mark.slow
-def test_early_stopping_in_the_first_epoch_at_a_threshold_says_lightnings_reason(tmp_path, monkeypatch, capsys):
+@pytest.mark.parametrize(
+    ("length", "planned"),
+    [(["--trainer.max_epochs=5"], " of 5"), (["--trainer.max_epochs=-1", "--trainer.max_steps=50"], "")],
+)
+def test_early_stopping_in_the_first_epoch_at_a_threshold_says_lightnings_reason(
+    tmp_path, monkeypatch, capsys, length: list[str], planned: str
+):
     monkeypatch.chdir(tmp_path)
-    ProjectCLI(args=["fit", *PLAIN, *SHORT, "--trainer.max_epochs=5", "--early_stopping.stopping_threshold=100",
-                     "--data.train_size=64", "--trainer.logger=false"])  # fmt: skip
+    ProjectCLI(args=["fit", *PLAIN, *SHORT, *length, "--early_stopping.stopping_threshold=100", "--data.train_size=64",
+                     "--trainer.logger=false"])  # fmt: skip
     printed = capsys.readouterr().out
-    said = r"early stopping: Stopping threshold reached: val_loss = [\d.]+ < 100\.0; stopped after epoch 1 of 5\n"
+    said = rf"early stopping: Stopping threshold reached: val_loss = [\d.]+ < 100\.0; stopped after epoch 1{planned}\n"
     assert re.search(said, printed), printed  # in the first epoch, where Lightning's stopped_epoch is 0
 
 

@@ -401,9 +401,8 @@ class ProjectCLI(CLIHooks):
         stopped = early_stopping_decided(trainer)
         if stopped is not None and trainer.should_stop:  # Lightning's reason, as it was when it decided
             why = str(stopped.stopping_reason_message).removesuffix(" Signaling Trainer to stop.").rstrip(".")
-            lines.insert(
-                0, f"early stopping: {why}; stopped after epoch {trainer.current_epoch} of {trainer.max_epochs}"
-            )
+            planned = f" of {trainer.max_epochs}" if trainer.max_epochs and trainer.max_epochs > 0 else ""  # -1: none
+            lines.insert(0, f"early stopping: {why}; stopped after epoch {trainer.current_epoch}{planned}")
         if self.config.fit.test_after_fit:
             try:
                 trainer.test(self.model, datamodule=self.datamodule, ckpt_path=best.best_model_path if best else None)
