@@ -57,6 +57,7 @@ from lightning_template.engine.lightning_internals import (
     subcommand_parser,
 )
 from lightning_template.engine.monitor import (
+    COUNTERS,
     BestCheckpoint,
     EarlyStop,
     MonitoredMetrics,
@@ -393,7 +394,8 @@ class ProjectCLI(CLIHooks):
         lines = []
         best = next((c for c in trainer.checkpoint_callbacks if c.monitor and c.best_model_path), None)
         if best is not None:
-            score = "" if best.best_model_score is None else f" ({best.monitor}={float(best.best_model_score):.4f})"
+            counted = best.best_model_score is None or best.monitor in COUNTERS  # the file's name says it
+            score = "" if counted else f" ({best.monitor}={float(best.best_model_score):.4f})"
             lines.append(f"best checkpoint: {best.best_model_path}{score}")
         last = next((c.best_model_path for c in trainer.checkpoint_callbacks if isinstance(c, ResumeCheckpoint)), "")
         if last:

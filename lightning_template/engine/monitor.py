@@ -17,14 +17,60 @@ from lightning.pytorch.callbacks.early_stopping import EarlyStoppingReason
 from lightning_template.engine.errors import ConfigError
 from lightning_template.engine.lightning_internals import reads_at_train_epoch_end
 
+COUNTERS = ("epoch", "step")  # what a ModelCheckpoint can watch besides the logged metrics (`mode: max`: the latest)
 
-class BestCheckpoint(ModelCheckpoint):
+
+def option_of(callback: Callback) -> str:
+    """The command-line option that sets a callback's monitor."""
+    if isinstance(callback, ModelCheckpoint):
+        return "--checkpoint.monitor"
+    if isinstance(callback, EarlyStopping):
+        return "--early_stopping.monitor"
+    return f"{type(callback).__name__}'s monitor"
+
+
+def unlogged(callback: Callback, trainer: Trainer) -> bool:
+    """Whether `callback` watches a metric that is not logged now (a ModelCheckpoint can also watch `epoch` and
+    `step`); an EarlyStopping with `strict=False` goes on without it, as in Lightning."""
+    monitor = getattr(callback, "monitor", None)
+    if not isinstance(monitor, str) or not getattr(callback, "strict", True):
+        return False
+    counters = set(COUNTERS) if isinstance(callback, ModelCheckpoint) else set()
+    return monitor not in trainer.callback_metrics.keys() | counters
+
+
+def never_logged(callback: Callback, trainer: Trainer) -> ConfigError:
+    monitor = callback.monitor
+    shown = ", ".join(sorted(k for k in trainer.callback_metrics if not k.startswith("lr-"))) or "nothing"
+    return ConfigError(
+        f"{option_of(callback)} {monitor}: the model never logged {monitor!r}; it logged {shown}. Monitor one"
+        " of these (with --checkpoint.mode / --early_stopping.mode min for a loss, max for an accuracy),"
+        f" log {monitor!r} with self.log in the model, or train without a metric: --checkpoint.monitor null"
+        " --early_stopping.monitor null (last.ckpt only, no early stopping)."
+    )
+
+
+class ChecksTrainingMetric:
+    """For `--checkpoint` and `--early_stopping`: a training metric they read at the training epoch's end (after
+    the module's `on_train_epoch_end`, where it may be logged) that is not logged is the one-line error, where
+    Lightning would raise its own, with a traceback."""
+
+    def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        monitor = getattr(self, "monitor", None) or ""
+        if monitor.startswith("train") and reads_at_train_epoch_end(self, trainer) and unlogged(self, trainer):
+            raise never_logged(self, trainer)
+        super().on_train_epoch_end(trainer, pl_module)  # type: ignore[misc]
+
+
+class BestCheckpoint(ChecksTrainingMetric, ModelCheckpoint):
     """Lightning's ModelCheckpoint, with epochs counted from 1 in file names, as the console counts them
     (`epoch=5-...` after the 5th epoch)."""
 
     @staticmethod
     def filename_for(monitor: str) -> str:
         """`epoch={epoch}-val_acc={val_acc:.4f}` for `val_acc` (a `/` in a metric's name is not a folder)."""
+        if monitor in COUNTERS:
+            return "epoch={epoch}-step={step}"
         return f"epoch={{epoch}}-{monitor.replace('/', '_')}={{{monitor}:.4f}}"
 
     def format_checkpoint_name(self, metrics: dict[str, Any], *args: Any, **kwargs: Any) -> str:
@@ -33,7 +79,7 @@ class BestCheckpoint(ModelCheckpoint):
         return super().format_checkpoint_name(metrics, *args, **kwargs)
 
 
-class EarlyStop(EarlyStopping):
+class EarlyStop(ChecksTrainingMetric, EarlyStopping):
     """Lightning's EarlyStopping, which `--early_stopping.monitor null` turns off (the CLI then leaves it out)."""
 
     def __init__(self, monitor: str | None, **kwargs: Any) -> None:
@@ -55,22 +101,12 @@ def early_stopping_decided(trainer: Trainer) -> EarlyStopping | None:
     return next(decided, None)
 
 
-def option_of(callback: Callback) -> str:
-    """The command-line option that sets a callback's monitor."""
-    if isinstance(callback, ModelCheckpoint):
-        return "--checkpoint.monitor"
-    if isinstance(callback, EarlyStopping):
-        return "--early_stopping.monitor"
-    return f"{type(callback).__name__}'s monitor"
-
-
 class MonitoredMetrics(Callback):
     """At the end of the first validation (the sanity check's, if it runs), every `monitor` of the run's callbacks
     must be among the logged metrics: otherwise a one-line error names the option and what was logged. Metrics of
     the training loop (named `train...`), logged only once training runs, are checked after the first validation of
     training, unless their callback reads them at the training epoch's end (where a metric logged once an epoch is
-    known): Lightning's check there. An EarlyStopping with `strict=False` goes on without its metric, as in
-    Lightning."""
+    known): `--checkpoint` and `--early_stopping` check there (`ChecksTrainingMetric`), others as Lightning does."""
 
     def __init__(self) -> None:
         self.checked = False
@@ -78,30 +114,16 @@ class MonitoredMetrics(Callback):
     def on_validation_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         if self.checked or trainer.state.fn != "fit":
             return
-        logged = set(trainer.callback_metrics)
-        missing = [
-            (callback, callback.monitor)
-            for callback in trainer.callbacks
-            if isinstance(getattr(callback, "monitor", None), str)
-            and callback.monitor not in logged
-            and getattr(callback, "strict", True)
-        ]
+        missing = [callback for callback in trainer.callbacks if unlogged(callback, trainer)]
         if trainer.sanity_checking:  # training has not logged anything yet: only validation's metrics are known
-            if not logged:
+            if not trainer.callback_metrics:
                 return
-            missing = [(c, m) for c, m in missing if not m.startswith("train")]
+            missing = [c for c in missing if not c.monitor.startswith("train")]
         else:
             self.checked = True
             # A training metric logged once an epoch is known at the epoch's end: left to a callback reading it there.
             missing = [
-                (c, m) for c, m in missing if not (m.startswith("train") and reads_at_train_epoch_end(c, trainer))
+                c for c in missing if not (c.monitor.startswith("train") and reads_at_train_epoch_end(c, trainer))
             ]
         if missing:
-            callback, monitor = missing[0]
-            shown = ", ".join(sorted(k for k in logged if not k.startswith("lr-"))) or "nothing"
-            raise ConfigError(
-                f"{option_of(callback)} {monitor}: the model never logged {monitor!r}; it logged {shown}. Monitor one"
-                " of these (with --checkpoint.mode / --early_stopping.mode min for a loss, max for an accuracy),"
-                f" log {monitor!r} with self.log in the model, or train without a metric: --checkpoint.monitor null"
-                " --early_stopping.monitor null (last.ckpt only, no early stopping)."
-            )
+            raise never_logged(missing[0], trainer)
