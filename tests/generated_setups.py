@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from lightning import Callback, LightningDataModule, LightningModule, Trainer
 from lightning.fabric.plugins import TorchCheckpointIO
-from lightning.pytorch.callbacks import BaseFinetuning
+from lightning.pytorch.callbacks import BaseFinetuning, GradientAccumulationScheduler
 from torch import nn
 from torch.nn import functional as F
 from torch.optim import lr_scheduler
@@ -63,6 +63,7 @@ class GeneratedModule(LightningModule):
         checkpoint_entry: bool = False,
         hook_draws: bool = False,
         batch_norm: bool = False,
+        scheduled_accumulation: bool = False,
         lr: float = 0.05,
     ) -> None:
         """
@@ -81,6 +82,8 @@ class GeneratedModule(LightningModule):
             hook_draws: random numbers drawn outside the step: noise added to each training batch on the device
                 (`on_after_batch_transfer`), and a draw in `on_train_batch_end` (as a stochastic schedule makes).
             batch_norm: a BatchNorm layer in the hidden layer.
+            scheduled_accumulation: a GradientAccumulationScheduler of the module's (`configure_callbacks`): 2
+                micro-batches a step from epoch 1.
             lr: the learning rate.
         """
         super().__init__()
@@ -145,6 +148,9 @@ class GeneratedModule(LightningModule):
     def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
         if self.hparams.hook_draws:
             torch.rand(())
+
+    def configure_callbacks(self) -> list[Callback]:
+        return [GradientAccumulationScheduler({1: 2})] if self.hparams.scheduled_accumulation else []
 
     def validation_step(self, batch: Any, batch_idx: int) -> None:
         features, target = batch

@@ -138,25 +138,9 @@ def test_a_monitored_metric_the_model_never_logs_is_named_with_what_it_logged(tm
         ProjectCLI(args=["fit", *PLAIN, *SHORT, "--checkpoint.monitor=val_acc", *no_sanity_check])
 
 
-@pytest.mark.parametrize(
-    "watch",
-    [
-        ["--checkpoint.monitor=train_los"],
-        ["--early_stopping.monitor=train_los", "--early_stopping.check_on_train_epoch_end=true"],
-    ],
-    ids=["checkpoint", "early-stopping"],
-)
-def test_a_misspelled_training_metric_read_at_the_epochs_end_is_named_in_one_line(watch, tmp_path, monkeypatch):
-    """Read at the training epoch's end (validation runs there), it is checked there, not by Lightning's traceback."""
-    monkeypatch.chdir(tmp_path)
-    option = watch[0].partition("=")[0]
-    with pytest.raises(ValueError, match=rf"{option} train_los: the model never logged 'train_los'; it logged"):
-        ProjectCLI(args=["fit", *PLAIN, *SHORT, *watch, "--trainer.logger=false"])
-
-
 def test_the_best_checkpoint_can_watch_the_step_to_keep_the_latest(tmp_path: Path, monkeypatch) -> None:
-    """`step` and `epoch` are ModelCheckpoint's own counters, not logged metrics: watched with mode max, the files kept
-    are the latest."""
+    """`step` is ModelCheckpoint's own counter, not a logged metric: watched with mode max, the files kept are the
+    latest."""
     monkeypatch.chdir(tmp_path)
     latest = ["--checkpoint.monitor=step", "--checkpoint.mode=max", "--checkpoint.save_top_k=2"]
     cli = ProjectCLI(args=["fit", *PLAIN, *SHORT, *latest, "--early_stopping.monitor=null", "--trainer.logger=false"])

@@ -62,7 +62,9 @@ class Setup:
     trainer: dict[str, Any] = field(default_factory=dict)
     step_checkpoints: int | None = None  # a ModelCheckpoint every N optimizer steps, all kept
     early_stopping: bool = False  # stops at the first validation that does not improve val_loss by 0.1
-    accumulation_schedule: bool = False  # Lightning's GradientAccumulationScheduler: 2 micro-batches from epoch 1
+    # Lightning's GradientAccumulationScheduler, 2 micro-batches a step from epoch 1: a callback (--trainer.callbacks)
+    # or the module's (configure_callbacks)
+    accumulation_schedule: str | None = None
     fine_tuning: bool = False  # a BaseFinetuning: the hidden layer, BatchNorm included, frozen until epoch 1
     epoch_checkpoints: bool = False  # a ModelCheckpoint at every training epoch's end, all kept
 
@@ -85,8 +87,10 @@ class Setup:
             ]  # fmt: skip
         if self.early_stopping:
             args += ["--early_stopping.patience=1", "--early_stopping.min_delta=0.1"]
-        if self.accumulation_schedule:
+        if self.accumulation_schedule == "callbacks":
             args += ["--trainer.callbacks+=GradientAccumulationScheduler", "--trainer.callbacks.scheduling={1: 2}"]
+        elif self.accumulation_schedule == "module":  # configure_callbacks: after the engine's callbacks
+            args += ["--model.scheduled_accumulation=true"]
         if self.fine_tuning:
             args += ["--model.batch_norm=true", "--trainer.callbacks+=tests.generated_setups.FreezeUntilEpoch"]
         return [*args, *QUIET]
@@ -163,7 +167,8 @@ def setups(draw: st.DrawFn) -> Setup:
     step_checkpoints = draw(st.none() | st.integers(2, 3))
     model["hook_draws"] = draw(st.booleans())  # drawn late: the setups drawn before it stay as they were
     early_stopping = draw(st.booleans())
-    scheduled = draw(st.booleans()) and trainer.get("accumulate_grad_batches") == 1  # Lightning's condition for it
+    scheduled = draw(st.sampled_from([None, "callbacks", "module"]))
+    scheduled = scheduled if trainer.get("accumulate_grad_batches") == 1 else None  # Lightning's condition for it
     finetuning = draw(st.booleans()) and optimization != "manual-two"  # one of its optimizers would train nothing
     if draw(st.booleans()):
         trainer["reload_dataloaders_every_n_epochs"] = 1
@@ -368,7 +373,9 @@ EARLY_STOP_IN_AN_EPOCH = Setup(  # ... or at a validation every half epoch, writ
     early_stopping=True,
 )
 ACCUMULATION_SCHEDULE = Setup(  # GradientAccumulationScheduler sets epoch 1's accumulation at its start
-    data={"loader": "map", "batch_size": 16, "train_size": 112}, trainer={"max_epochs": 3}, accumulation_schedule=True
+    data={"loader": "map", "batch_size": 16, "train_size": 112},
+    trainer={"max_epochs": 3},
+    accumulation_schedule="module",
 )
 FINE_TUNING = Setup(  # a BaseFinetuning freezes the hidden layer again in the resumed run's setup
     data={"loader": "map", "batch_size": 16, "train_size": 112}, trainer={"max_epochs": 3}, fine_tuning=True
@@ -440,6 +447,18 @@ def test_a_resumed_run_writes_no_step_checkpoint_again_inside_an_accumulated_ste
     run([*setup.args(), f"--ckpt_path={start}"], folder)
     written = sorted(path.name for path in folder.rglob("*.ckpt"))
     assert "step=6.ckpt" in written and "step=3.ckpt" not in written, written
+
+
+@pytest.mark.slow
+def test_a_part_frozen_by_a_callback_the_resumed_run_drops_trains_and_that_is_said(workdir: Path) -> None:
+    """Resumed without the callback that froze it (the user's choice), the part trains; a one-line warning says so."""
+    folder, data = workdir / "dropped-callback", {"loader": "map", "batch_size": 16, "train_size": 112}
+    freezing = ["--trainer.callbacks+=tests.generated_setups.FreezeUntilEpoch", "--trainer.callbacks.epoch=10"]
+    run([*Setup(data=data, trainer={"max_epochs": 2}).args(), *freezing], folder)
+    resumed, told = run([*Setup(data=data, trainer={"max_epochs": 3}).args(), "--ckpt_path=last"], folder)
+    assert resumed is not None and all(p.requires_grad for p in resumed.model.body.parameters())
+    said = "(body.0.weight, body.0.bias) were frozen when the checkpoint was written and train in this run"
+    assert any(said in line for line in told), told
 
 
 @pytest.mark.slow

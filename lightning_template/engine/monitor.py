@@ -17,52 +17,8 @@ from lightning.pytorch.callbacks.early_stopping import EarlyStoppingReason
 from lightning_template.engine.errors import ConfigError
 from lightning_template.engine.lightning_internals import reads_at_train_epoch_end
 
-COUNTERS = ("epoch", "step")  # what a ModelCheckpoint can watch besides the logged metrics (`mode: max`: the latest)
 
-
-def option_of(callback: Callback) -> str:
-    """The command-line option that sets a callback's monitor."""
-    if isinstance(callback, ModelCheckpoint):
-        return "--checkpoint.monitor"
-    if isinstance(callback, EarlyStopping):
-        return "--early_stopping.monitor"
-    return f"{type(callback).__name__}'s monitor"
-
-
-def unlogged(callback: Callback, trainer: Trainer) -> bool:
-    """Whether `callback` watches a metric that is not logged now (a ModelCheckpoint can also watch `epoch` and
-    `step`); an EarlyStopping with `strict=False` goes on without it, as in Lightning."""
-    monitor = getattr(callback, "monitor", None)
-    if not isinstance(monitor, str) or not getattr(callback, "strict", True):
-        return False
-    counters = set(COUNTERS) if isinstance(callback, ModelCheckpoint) else set()
-    return monitor not in trainer.callback_metrics.keys() | counters
-
-
-def never_logged(callback: Callback, trainer: Trainer) -> ConfigError:
-    monitor = callback.monitor
-    shown = ", ".join(sorted(k for k in trainer.callback_metrics if not k.startswith("lr-"))) or "nothing"
-    return ConfigError(
-        f"{option_of(callback)} {monitor}: the model never logged {monitor!r}; it logged {shown}. Monitor one"
-        " of these (with --checkpoint.mode / --early_stopping.mode min for a loss, max for an accuracy),"
-        f" log {monitor!r} with self.log in the model, or train without a metric: --checkpoint.monitor null"
-        " --early_stopping.monitor null (last.ckpt only, no early stopping)."
-    )
-
-
-class ChecksTrainingMetric:
-    """For `--checkpoint` and `--early_stopping`: a training metric they read at the training epoch's end (after
-    the module's `on_train_epoch_end`, where it may be logged) that is not logged is the one-line error, where
-    Lightning would raise its own, with a traceback."""
-
-    def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        monitor = getattr(self, "monitor", None) or ""
-        if monitor.startswith("train") and reads_at_train_epoch_end(self, trainer) and unlogged(self, trainer):
-            raise never_logged(self, trainer)
-        super().on_train_epoch_end(trainer, pl_module)  # type: ignore[misc]
-
-
-class BestCheckpoint(ChecksTrainingMetric, ModelCheckpoint):
+class BestCheckpoint(ModelCheckpoint):
     """Lightning's ModelCheckpoint, with epochs counted from 1 in file names, as the console counts them
     (`epoch=5-...` after the 5th epoch)."""
 
@@ -79,7 +35,7 @@ class BestCheckpoint(ChecksTrainingMetric, ModelCheckpoint):
         return super().format_checkpoint_name(metrics, *args, **kwargs)
 
 
-class EarlyStop(ChecksTrainingMetric, EarlyStopping):
+class EarlyStop(EarlyStopping):
     """Lightning's EarlyStopping, which `--early_stopping.monitor null` turns off (the CLI then leaves it out)."""
 
     def __init__(self, monitor: str | None, **kwargs: Any) -> None:
@@ -101,12 +57,34 @@ def early_stopping_decided(trainer: Trainer) -> EarlyStopping | None:
     return next(decided, None)
 
 
+COUNTERS = ("epoch", "step")  # what a ModelCheckpoint watches besides logged metrics (`step`, mode max: the latest)
+
+
+def option_of(callback: Callback) -> str:
+    """The command-line option that sets a callback's monitor."""
+    if isinstance(callback, ModelCheckpoint):
+        return "--checkpoint.monitor"
+    if isinstance(callback, EarlyStopping):
+        return "--early_stopping.monitor"
+    return f"{type(callback).__name__}'s monitor"
+
+
+def unlogged(callback: Callback, trainer: Trainer) -> bool:
+    """Whether `callback` watches a metric that is not logged now (a ModelCheckpoint can also watch `epoch` and
+    `step`); an EarlyStopping with `strict=False` goes on without it, as in Lightning."""
+    monitor = getattr(callback, "monitor", None)
+    if not isinstance(monitor, str) or not getattr(callback, "strict", True):
+        return False
+    counters = set(COUNTERS) if isinstance(callback, ModelCheckpoint) else set()
+    return monitor not in trainer.callback_metrics.keys() | counters
+
+
 class MonitoredMetrics(Callback):
     """At the end of the first validation (the sanity check's, if it runs), every `monitor` of the run's callbacks
     must be among the logged metrics: otherwise a one-line error names the option and what was logged. Metrics of
     the training loop (named `train...`), logged only once training runs, are checked after the first validation of
     training, unless their callback reads them at the training epoch's end (where a metric logged once an epoch is
-    known): `--checkpoint` and `--early_stopping` check there (`ChecksTrainingMetric`), others as Lightning does."""
+    known): Lightning's check there."""
 
     def __init__(self) -> None:
         self.checked = False
@@ -126,4 +104,11 @@ class MonitoredMetrics(Callback):
                 c for c in missing if not (c.monitor.startswith("train") and reads_at_train_epoch_end(c, trainer))
             ]
         if missing:
-            raise never_logged(missing[0], trainer)
+            monitor = missing[0].monitor
+            shown = ", ".join(sorted(k for k in trainer.callback_metrics if not k.startswith("lr-"))) or "nothing"
+            raise ConfigError(
+                f"{option_of(missing[0])} {monitor}: the model never logged {monitor!r}; it logged {shown}. Monitor"
+                " one of these (with --checkpoint.mode / --early_stopping.mode min for a loss, max for an accuracy),"
+                f" log {monitor!r} with self.log in the model, or train without a metric: --checkpoint.monitor null"
+                " --early_stopping.monitor null (last.ckpt only, no early stopping)."
+            )

@@ -87,6 +87,10 @@ def frozen_parts(module: LightningModule) -> dict[str, list[str]]:
     }
 
 
+def few(names: list[str]) -> str:
+    return ", ".join(names[:3]) + (", ..." if len(names) > 3 else "")
+
+
 def at_step_boundary(trainer: Trainer) -> bool:
     """No step is half done: no batch between forward and end, no accumulated gradient pending."""
     progress = trainer.fit_loop.epoch_loop.batch_progress.current
@@ -217,6 +221,7 @@ class ExactResume(Callback):
         self._trainer_loop_skipped = True  # until on_train_start: Lightning skips it when resumed at its end
         self._undo_batch_hooks: Callable[[], None] | None = None
         self._seeded_at_hand_over = False  # batches reach the module's batch hooks (no `dataloader_iter` step)
+        self._accumulation: int | None = None  # a restarted epoch's scheduled accumulation, set at its first batch
 
     # -- the training loader: made to continue from the loop's position --------------------------
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
@@ -261,6 +266,7 @@ class ExactResume(Callback):
         self._undo_batch_hooks = call_before_batch_hooks(trainer, self._seed_training_batch)
         self._seeded_at_hand_over = False
         self._trainer_loop_skipped = False
+        self._accumulation = None
         if self._inexact and not trainer.fit_loop.restarted_mid_epoch:
             rank_zero_warn(
                 f"ExactResume: {self._inexact}, which cannot continue from the middle of an epoch: a run stopped there"
@@ -304,11 +310,10 @@ class ExactResume(Callback):
             self._start_after_last_batch(trainer)
             return
         # The restarted epoch's on_train_epoch_start hooks ran in the stopped run, and Lightning does not run them
-        # again: a GradientAccumulationScheduler sets the epoch's accumulation there (after its own check, in its
-        # on_train_start before this one, that the Trainer's is 1).
-        for callback in trainer.callbacks:
-            if isinstance(callback, GradientAccumulationScheduler):
-                trainer.accumulate_grad_batches = callback.get_accumulate_grad_batches(trainer.current_epoch)
+        # again: a GradientAccumulationScheduler sets the epoch's accumulation there. Set at the first batch, after
+        # every callback's on_train_start (where the scheduler checks that the Trainer's is still 1).
+        scheduled = [c for c in trainer.callbacks if isinstance(c, GradientAccumulationScheduler)]
+        self._accumulation = scheduled[0].get_accumulate_grad_batches(trainer.current_epoch) if scheduled else None
         # Lightning warns that a loader without state_dict cannot resume mid-epoch: this one continues exactly,
         # or the line below says what happens instead.
         self._warnings = warnings.catch_warnings()
@@ -326,11 +331,12 @@ class ExactResume(Callback):
         if skips_due_validation(trainer):
             warn_skipped_validation(trainer.current_epoch, done)
             return
-        within = done % trainer.accumulate_grad_batches
+        accumulation = self._accumulation or trainer.accumulate_grad_batches
+        within = done % accumulation
         if within and not epoch_ran_out(trainer):
             rank_zero_warn(
                 f"ExactResume: resuming epoch {trainer.current_epoch} after {done} batches, inside an accumulated step"
-                f" of {trainer.accumulate_grad_batches}: the checkpoint holds no gradient of its first {within}"
+                f" of {accumulation}: the checkpoint holds no gradient of its first {within}"
                 " micro-batches, so the step is taken without them and the run is not the one never stopped (such a"
                 " checkpoint comes from a validation every N batches, N not a multiple of accumulate_grad_batches;"
                 " last.ckpt is never written there)."
@@ -386,23 +392,32 @@ class ExactResume(Callback):
             self._plateau_at_epoch_end = True
 
     def _restore_frozen_parts(self, trainer: Trainer) -> None:
-        """The parts of the model frozen when the checkpoint was written, frozen again, the others trainable: a
-        callback that unfreezes during the run (Lightning's BackboneFinetuning) freezes again in a resumed run's
-        `setup`, and unfreezes only at the start of its epoch, which has passed."""
+        """Parts of the model that trained when the checkpoint was written, and that this run's `setup` froze again,
+        train again: a fine-tuning callback (Lightning's BaseFinetuning) freezes its part in every run's setup and
+        unfreezes it at the start of an epoch that has passed. Parts frozen then and trainable now are left so (this
+        run no longer freezes them), and said: a callback that froze them during the run would not do so again."""
         saved = self._saved or {}
         if "frozen" not in saved:  # a checkpoint that does not say
             return
         module, frozen, fixed = trainer.lightning_module, set(saved["frozen"]), set(saved["fixed_statistics"])
-        changed = [p for name, p in module.named_parameters() if p.requires_grad == (name in frozen)]
-        for name, parameter in module.named_parameters():
-            parameter.requires_grad_(name not in frozen)
+        parameters = dict(module.named_parameters())
+        refrozen = [name for name, p in parameters.items() if not p.requires_grad and name not in frozen]
+        thawed = [name for name, p in parameters.items() if p.requires_grad and name in frozen]
+        for name in refrozen:
+            parameters[name].requires_grad_(True)
         for name, layer in module.named_modules():
-            if isinstance(layer, _BatchNorm):
-                layer.track_running_stats = name not in fixed
-        if changed:
+            if isinstance(layer, _BatchNorm) and name not in fixed:
+                layer.track_running_stats = True
+        if refrozen:
             rank_zero_info(
-                f"ExactResume: {len(changed)} parameter tensors frozen or trainable again as when the checkpoint"
-                " was written (a callback had changed them)."
+                f"ExactResume: {len(refrozen)} parameter tensors ({few(refrozen)}) train again, as when the checkpoint"
+                " was written: this run's setup froze them (a fine-tuning callback unfreezes them at an epoch's start,"
+                " which has passed)."
+            )
+        if thawed:
+            rank_zero_warn(
+                f"ExactResume: {len(thawed)} parameter tensors ({few(thawed)}) were frozen when the checkpoint was"
+                " written and train in this run, which no longer freezes them: left so."
             )
 
     def _check_same_batches(self, trainer: Trainer) -> None:
@@ -445,6 +460,10 @@ class ExactResume(Callback):
         if trainer is not None and trainer.training:
             self._seeded_at_hand_over = True
             self._seed_batch(trainer, trainer.fit_loop.epoch_loop.batch_progress.current.processed)
+
+    def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, *args: Any) -> None:
+        if self._accumulation is not None:
+            trainer.accumulate_grad_batches, self._accumulation = self._accumulation, None
 
     def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, *args: Any) -> None:
         if not self._seeded_at_hand_over:  # a training_step that takes a `dataloader_iter`: no batch hooks run
