@@ -29,6 +29,7 @@ from torch.utils.data import (
     Dataset,
     IterableDataset,
     RandomSampler,
+    Subset,
     SubsetRandomSampler,
     WeightedRandomSampler,
     get_worker_info,
@@ -41,12 +42,19 @@ SCHEDULERS = (
     "LinearLR", "SequentialLR", "LambdaLR", "ReduceLROnPlateau",
 )  # fmt: skip
 SAMPLERS = ("shuffle", "sequential", "random", "weighted", "subset", "num_samples")
-LOADERS = ("map", "batch_sampler", "iterable", "stateful")
+LOADERS = ("map", "batch_sampler", "iterable", "stateful", "dict")
 
 
 def halve_every_two(epoch: int) -> float:
     """LambdaLR's factor (a function of the module, so that the scheduler pickles with the checkpoint's config)."""
     return 0.5 ** (epoch // 2)
+
+
+def joined(batch: Any) -> Any:
+    """A batch of several training loaders ({name: (features, target)}, Lightning's CombinedLoader) as one."""
+    if not isinstance(batch, dict):
+        return batch
+    return tuple(torch.cat(parts) for parts in zip(*batch.values(), strict=True))
 
 
 class GeneratedModule(LightningModule):
@@ -100,7 +108,7 @@ class GeneratedModule(LightningModule):
         return self.head(self.body(features))
 
     def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor | None:
-        features, target = batch
+        features, target = joined(batch)
         loss = F.cross_entropy(self(features), target)
         self.log("train_loss", loss)
         if self.hparams.step_buffer:
@@ -142,7 +150,7 @@ class GeneratedModule(LightningModule):
     def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
         if not (self.hparams.hook_draws and self.trainer.training):
             return batch
-        features, target = batch
+        features, target = joined(batch)
         return features + 0.05 * torch.randn_like(features), target
 
     def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
@@ -267,7 +275,8 @@ class GeneratedData(LightningDataModule):
         """
         Args:
             loader: map (a DataLoader over a map-style dataset), batch_sampler (`DataLoader(batch_sampler=...)`),
-                iterable (an IterableDataset), stateful (torchdata's StatefulDataLoader, shuffled).
+                iterable (an IterableDataset), stateful (torchdata's StatefulDataLoader, shuffled), dict (two
+                DataLoaders, shuffled and sequential, in a dict).
             sampler: the map-style loader's order: shuffle (`shuffle=True`), sequential (`shuffle=False`), random
                 (a RandomSampler given), weighted (WeightedRandomSampler), subset (SubsetRandomSampler over 3/4 of
                 the samples), num_samples (a RandomSampler drawing 3/4 of them an epoch).
@@ -293,6 +302,12 @@ class GeneratedData(LightningDataModule):
             from torchdata.stateful_dataloader import StatefulDataLoader
 
             return StatefulDataLoader(data, batch_size=h.batch_size, shuffle=True, drop_last=h.drop_last, **workers)
+        if h.loader == "dict":  # two loaders at once (a multi-task run), the shorter one cycled
+            half = Subset(data, range(len(data) // 2))
+            return {
+                "shuffled": DataLoader(data, h.batch_size, shuffle=True, drop_last=h.drop_last, **workers),
+                "sequential": DataLoader(half, h.batch_size // 2, drop_last=h.drop_last, **workers),
+            }
         if h.loader == "batch_sampler":
             batches = BatchSampler(RandomSampler(data), h.batch_size, drop_last=h.drop_last)
             return DataLoader(data, batch_sampler=batches, **workers)
@@ -324,7 +339,7 @@ class TrainedBatches(Callback):
         self._add(f"epoch {trainer.current_epoch}".encode())  # a user's hook at every epoch's start (an unfreezing)
 
     def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int) -> None:
-        self._add(batch[0].cpu().numpy().tobytes())
+        self._add(joined(batch)[0].cpu().numpy().tobytes())
 
     def _add(self, data: bytes) -> None:
         self.fingerprint = hashlib.blake2b(self.fingerprint.encode() + data, digest_size=8).hexdigest()
