@@ -50,6 +50,7 @@ QUIET = [
 SAID_WHY = (
     "starts the epoch's data again", "inside an accumulated step", "before the validation due",
     "keeps its worker processes from epoch to epoch", "without that epoch's end",
+    "after the last epoch of Lightning's StochasticWeightAveraging",
 )  # fmt: skip
 
 
@@ -67,6 +68,7 @@ class Setup:
     accumulation_schedule: str | None = None
     fine_tuning: bool = False  # a BaseFinetuning: the hidden layer, BatchNorm included, frozen until epoch 1
     epoch_checkpoints: bool = False  # a ModelCheckpoint at every training epoch's end, all kept
+    averaging: str | None = None  # Lightning's EMAWeightAveraging (ema) or StochasticWeightAveraging from epoch 1 (swa)
 
     def args(self) -> list[str]:
         args = ["--model=tests.generated_setups.GeneratedModule", "--data=tests.generated_setups.GeneratedData"]
@@ -84,6 +86,13 @@ class Setup:
             args += [
                 "--trainer.callbacks+=ModelCheckpoint", "--trainer.callbacks.save_on_train_epoch_end=true",
                 "--trainer.callbacks.save_top_k=-1", "--trainer.callbacks.filename={epoch}-end",
+            ]  # fmt: skip
+        if self.averaging == "ema":
+            args += ["--trainer.callbacks+=lightning.pytorch.callbacks.EMAWeightAveraging"]
+        elif self.averaging == "swa":
+            args += [
+                "--trainer.callbacks+=StochasticWeightAveraging", "--trainer.callbacks.swa_lrs=0.01",
+                "--trainer.callbacks.swa_epoch_start=2",
             ]  # fmt: skip
         if self.early_stopping:
             args += ["--early_stopping.patience=1", "--early_stopping.min_delta=0.1"]
@@ -173,7 +182,13 @@ def setups(draw: st.DrawFn) -> Setup:
     if draw(st.booleans()):
         trainer["reload_dataloaders_every_n_epochs"] = 1
     epoch_checkpoints = draw(st.booleans())
-    return Setup(model, data, trainer, step_checkpoints, early_stopping, scheduled, finetuning, epoch_checkpoints)
+    averaging = draw(st.sampled_from([None, "ema", "swa"]))
+    # SWA: one optimizer, at most one scheduler stepped every epoch, an epoch count (it says so otherwise)
+    if averaging == "swa" and (optimization == "manual-two" or "max_epochs" not in trainer or interval == "step"):
+        averaging = None
+    return Setup(
+        model, data, trainer, step_checkpoints, early_stopping, scheduled, finetuning, epoch_checkpoints, averaging
+    )
 
 
 stops = st.builds(
@@ -380,6 +395,10 @@ ACCUMULATION_SCHEDULE = Setup(  # GradientAccumulationScheduler sets epoch 1's a
 FINE_TUNING = Setup(  # a BaseFinetuning freezes the hidden layer again in the resumed run's setup
     data={"loader": "map", "batch_size": 16, "train_size": 112}, trainer={"max_epochs": 3}, fine_tuning=True
 )
+SWA = Setup(  # Lightning's StochasticWeightAveraging sets up its averaging epochs in on_train_epoch_start
+    data={"loader": "map", "batch_size": 12, "train_size": 100}, trainer={"max_epochs": 3}, averaging="swa"
+)
+EMA = replace(SWA, averaging="ema")
 INSIDE_A_STEP = Setup(  # the best-epoch checkpoint of a validation every 3 batches, accumulating 2
     data={"loader": "map", "batch_size": 12},
     trainer={"accumulate_grad_batches": 2, "val_check_interval": 3, "max_steps": 7},
@@ -424,6 +443,9 @@ FOUND = [  # each ended otherwise on an earlier version
     pytest.param(ACCUMULATION_SCHEDULE, Stop("sigterm", 10), "exact", id="accumulation-scheduled-for-the-epoch"),
     pytest.param(FINE_TUNING, Stop("kill", 2), "exact", id="unfrozen-by-a-callback-before-an-epoch-end-checkpoint"),
     pytest.param(FINE_TUNING, Stop("sigterm", 10), "exact", id="unfrozen-by-a-callback-in-the-stopped-epoch"),
+    pytest.param(SWA, Stop("sigterm", 12), "exact", id="swa-resumed-inside-an-averaging-epoch"),
+    pytest.param(SWA, Stop("kill", 5), "warned", id="swa-resumed-at-the-runs-end"),
+    pytest.param(EMA, Stop("kill", 5), "exact", id="ema-resumed-at-the-runs-end-ends-with-the-average"),
 ]
 
 

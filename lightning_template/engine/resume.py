@@ -29,7 +29,12 @@ from typing import Any
 
 import torch
 from lightning import Callback, LightningModule, Trainer
-from lightning.pytorch.callbacks import GradientAccumulationScheduler, ModelCheckpoint
+from lightning.pytorch.callbacks import (
+    GradientAccumulationScheduler,
+    ModelCheckpoint,
+    StochasticWeightAveraging,
+    WeightAveraging,
+)
 from lightning.pytorch.plugins.environments import SLURMEnvironment
 from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
@@ -72,6 +77,12 @@ def seed_all(seed: int) -> None:
         torch.cuda.manual_seed_all(seed)
     if torch.backends.mps.is_available():
         torch.mps.manual_seed(seed)
+
+
+# Lightning's callbacks that set up each epoch in on_train_epoch_start, from their saved state, and can run it again
+# for the same epoch: Lightning does not run it for an epoch restarted in its middle, the engine does, at its first
+# batch (the accumulation of the epoch; SWA's learning-rate schedule, set up when its first epoch starts).
+EPOCH_SETUPS = (GradientAccumulationScheduler, StochasticWeightAveraging)
 
 
 def frozen_parts(module: LightningModule) -> dict[str, list[str]]:
@@ -152,6 +163,17 @@ def warn_skipped_validation(epoch: int, done: int) -> None:
     )
 
 
+def warn_if_swa_has_ended(trainer: Trainer) -> None:
+    """Lightning's StochasticWeightAveraging sets up its schedule and the model's last weights only in the epochs
+    it runs: a run resumed after its last averaging epoch ends without them."""
+    if any(isinstance(c, StochasticWeightAveraging) and trainer.current_epoch > c.swa_end for c in trainer.callbacks):
+        rank_zero_warn(
+            "ExactResume: resumed after the last epoch of Lightning's StochasticWeightAveraging, which does not set up"
+            " its learning-rate schedule or put its average into the model again: the run is not the one never"
+            " stopped. Lightning's WeightAveraging (or EMAWeightAveraging) keeps the average in every checkpoint."
+        )
+
+
 class ResumeCheckpoint(ModelCheckpoint):
     """`last.ckpt`, rewritten at every epoch end (or validation) and on a graceful stop, never half a step.
 
@@ -221,7 +243,7 @@ class ExactResume(Callback):
         self._trainer_loop_skipped = True  # until on_train_start: Lightning skips it when resumed at its end
         self._undo_batch_hooks: Callable[[], None] | None = None
         self._seeded_at_hand_over = False  # batches reach the module's batch hooks (no `dataloader_iter` step)
-        self._accumulation: int | None = None  # a restarted epoch's scheduled accumulation, set at its first batch
+        self._epoch_setups: list[Callback] = []  # run at a restarted epoch's first batch (EPOCH_SETUPS)
 
     # -- the training loader: made to continue from the loop's position --------------------------
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
@@ -266,7 +288,7 @@ class ExactResume(Callback):
         self._undo_batch_hooks = call_before_batch_hooks(trainer, self._seed_training_batch)
         self._seeded_at_hand_over = False
         self._trainer_loop_skipped = False
-        self._accumulation = None
+        self._epoch_setups = []
         if self._inexact and not trainer.fit_loop.restarted_mid_epoch:
             rank_zero_warn(
                 f"ExactResume: {self._inexact}, which cannot continue from the middle of an epoch: a run stopped there"
@@ -297,6 +319,7 @@ class ExactResume(Callback):
         self._iterate_anew = not trainer.fit_loop.restarted_mid_epoch
         self._restore_plateau_schedulers(trainer)
         self._restore_frozen_parts(trainer)
+        warn_if_swa_has_ended(trainer)
         loaded = load_train_loader_states(trainer)
         workers = getattr(trainer.train_dataloader, "num_workers", 0) > 0
         if (loaded or workers) and train_data_fetcher(trainer) is not None:
@@ -309,11 +332,7 @@ class ExactResume(Callback):
         if restored_after_last_batch(trainer):
             self._start_after_last_batch(trainer)
             return
-        # The restarted epoch's on_train_epoch_start hooks ran in the stopped run, and Lightning does not run them
-        # again: a GradientAccumulationScheduler sets the epoch's accumulation there. Set at the first batch, after
-        # every callback's on_train_start (where the scheduler checks that the Trainer's is still 1).
-        scheduled = [c for c in trainer.callbacks if isinstance(c, GradientAccumulationScheduler)]
-        self._accumulation = scheduled[0].get_accumulate_grad_batches(trainer.current_epoch) if scheduled else None
+        self._epoch_setups = [callback for callback in trainer.callbacks if isinstance(callback, EPOCH_SETUPS)]
         # Lightning warns that a loader without state_dict cannot resume mid-epoch: this one continues exactly,
         # or the line below says what happens instead.
         self._warnings = warnings.catch_warnings()
@@ -331,7 +350,9 @@ class ExactResume(Callback):
         if skips_due_validation(trainer):
             warn_skipped_validation(trainer.current_epoch, done)
             return
-        accumulation = self._accumulation or trainer.accumulate_grad_batches
+        scheduled = [c for c in self._epoch_setups if isinstance(c, GradientAccumulationScheduler)]
+        accumulation = scheduled[0].get_accumulate_grad_batches(trainer.current_epoch) if scheduled else None
+        accumulation = accumulation or trainer.accumulate_grad_batches
         within = done % accumulation
         if within and not epoch_ran_out(trainer):
             rank_zero_warn(
@@ -462,8 +483,9 @@ class ExactResume(Callback):
             self._seed_batch(trainer, trainer.fit_loop.epoch_loop.batch_progress.current.processed)
 
     def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, *args: Any) -> None:
-        if self._accumulation is not None:
-            trainer.accumulate_grad_batches, self._accumulation = self._accumulation, None
+        for callback in self._epoch_setups:  # after every callback's on_train_start (the scheduler's own checks)
+            callback.on_train_epoch_start(trainer, pl_module)
+        self._epoch_setups = []
 
     def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, *args: Any) -> None:
         if not self._seeded_at_hand_over:  # a training_step that takes a `dataloader_iter`: no batch hooks run
@@ -545,8 +567,15 @@ class ExactResume(Callback):
         self._restore()
 
     def on_fit_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        # Resumed at its end (`max_steps`), the run trains nothing and `on_train_start` never came.
-        if self._saved is not None and self._trainer_loop_skipped and skips_due_validation_at_its_end(trainer):
+        # Resumed at its end, the run trains nothing: Lightning runs neither on_train_start nor on_train_end.
+        if self._saved is None or not self._trainer_loop_skipped:
+            return
+        # It ends as the run that wrote the checkpoint did: with a WeightAveraging's average as the model's weights.
+        for callback in trainer.callbacks:
+            if isinstance(callback, WeightAveraging):
+                callback.on_train_end(trainer, pl_module)
+        warn_if_swa_has_ended(trainer)
+        if skips_due_validation_at_its_end(trainer):
             warn_skipped_validation(trainer.current_epoch, trainer.fit_loop.epoch_loop.batch_progress.current.processed)
 
     def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
