@@ -50,7 +50,7 @@ QUIET = [
 SAID_WHY = (
     "starts the epoch's data again", "inside an accumulated step", "before the validation due",
     "keeps its worker processes from epoch to epoch", "without that epoch's end",
-    "after the last epoch of Lightning's StochasticWeightAveraging",
+    "Lightning's StochasticWeightAveraging, resumed after its last averaging epoch or at the run's end",
 )  # fmt: skip
 
 
@@ -183,9 +183,10 @@ def setups(draw: st.DrawFn) -> Setup:
         trainer["reload_dataloaders_every_n_epochs"] = 1
     epoch_checkpoints = draw(st.booleans())
     averaging = draw(st.sampled_from([None, "ema", "swa"]))
-    # SWA: one optimizer, at most one scheduler stepped every epoch, an epoch count (it says so otherwise)
-    if averaging == "swa" and (optimization == "manual-two" or "max_epochs" not in trainer or interval == "step"):
-        averaging = None
+    # Lightning's SWA takes one optimizer, and a loader with a length for its BatchNorm epoch
+    averaging = (
+        None if averaging == "swa" and (optimization == "manual-two" or (iterable and finetuning)) else averaging
+    )
     return Setup(
         model, data, trainer, step_checkpoints, early_stopping, scheduled, finetuning, epoch_checkpoints, averaging
     )
@@ -399,6 +400,7 @@ SWA = Setup(  # Lightning's StochasticWeightAveraging sets up its averaging epoc
     data={"loader": "map", "batch_size": 12, "train_size": 100}, trainer={"max_epochs": 3}, averaging="swa"
 )
 EMA = replace(SWA, averaging="ema")
+SWA_BY_STEPS = replace(SWA, trainer={"max_steps": 22, "max_epochs": -1})  # averaged until training ends
 INSIDE_A_STEP = Setup(  # the best-epoch checkpoint of a validation every 3 batches, accumulating 2
     data={"loader": "map", "batch_size": 12},
     trainer={"accumulate_grad_batches": 2, "val_check_interval": 3, "max_steps": 7},
@@ -445,6 +447,7 @@ FOUND = [  # each ended otherwise on an earlier version
     pytest.param(FINE_TUNING, Stop("sigterm", 10), "exact", id="unfrozen-by-a-callback-in-the-stopped-epoch"),
     pytest.param(SWA, Stop("sigterm", 12), "exact", id="swa-resumed-inside-an-averaging-epoch"),
     pytest.param(SWA, Stop("kill", 5), "warned", id="swa-resumed-at-the-runs-end"),
+    pytest.param(SWA_BY_STEPS, Stop("sigterm", 21), "warned", id="swa-by-steps-resumed-at-the-runs-end"),
     pytest.param(EMA, Stop("kill", 5), "exact", id="ema-resumed-at-the-runs-end-ends-with-the-average"),
 ]
 

@@ -163,14 +163,16 @@ def warn_skipped_validation(epoch: int, done: int) -> None:
     )
 
 
-def warn_if_swa_has_ended(trainer: Trainer) -> None:
-    """Lightning's StochasticWeightAveraging sets up its schedule and the model's last weights only in the epochs
-    it runs: a run resumed after its last averaging epoch ends without them."""
-    if any(isinstance(c, StochasticWeightAveraging) and trainer.current_epoch > c.swa_end for c in trainer.callbacks):
+def warn_if_swa_has_ended(trainer: Trainer, at_its_end: bool) -> None:
+    """Lightning's StochasticWeightAveraging sets up its schedule in the epochs it runs, and puts its average into the
+    model at the end of training: a run resumed after its last averaging epoch, or at its end, does neither."""
+    swa = [c for c in trainer.callbacks if isinstance(c, StochasticWeightAveraging)]
+    if any(at_its_end or trainer.current_epoch > c.swa_end for c in swa):
         rank_zero_warn(
-            "ExactResume: resumed after the last epoch of Lightning's StochasticWeightAveraging, which does not set up"
-            " its learning-rate schedule or put its average into the model again: the run is not the one never"
-            " stopped. Lightning's WeightAveraging (or EMAWeightAveraging) keeps the average in every checkpoint."
+            "ExactResume: Lightning's StochasticWeightAveraging, resumed after its last averaging epoch or at the run's"
+            " end, does not set up its learning-rate schedule or put its average into the model again: the run is"
+            " not the one never stopped. Lightning's WeightAveraging (or EMAWeightAveraging) keeps the average in"
+            " every checkpoint."
         )
 
 
@@ -319,7 +321,7 @@ class ExactResume(Callback):
         self._iterate_anew = not trainer.fit_loop.restarted_mid_epoch
         self._restore_plateau_schedulers(trainer)
         self._restore_frozen_parts(trainer)
-        warn_if_swa_has_ended(trainer)
+        warn_if_swa_has_ended(trainer, at_its_end=False)
         loaded = load_train_loader_states(trainer)
         workers = getattr(trainer.train_dataloader, "num_workers", 0) > 0
         if (loaded or workers) and train_data_fetcher(trainer) is not None:
@@ -574,7 +576,7 @@ class ExactResume(Callback):
         for callback in trainer.callbacks:
             if isinstance(callback, WeightAveraging):
                 callback.on_train_end(trainer, pl_module)
-        warn_if_swa_has_ended(trainer)
+        warn_if_swa_has_ended(trainer, at_its_end=True)
         if skips_due_validation_at_its_end(trainer):
             warn_skipped_validation(trainer.current_epoch, trainer.fit_loop.epoch_loop.batch_progress.current.processed)
 
