@@ -68,7 +68,7 @@ class Setup:
     accumulation_schedule: str | None = None
     fine_tuning: bool = False  # a BaseFinetuning: the hidden layer, BatchNorm included, frozen until epoch 1
     epoch_checkpoints: bool = False  # a ModelCheckpoint at every training epoch's end, all kept
-    averaging: str | None = None  # Lightning's EMAWeightAveraging (ema) or StochasticWeightAveraging from epoch 1 (swa)
+    averaging: str | None = None  # Lightning's EMAWeightAveraging (exponential), StochasticWeightAveraging (stochastic)
 
     def args(self) -> list[str]:
         args = ["--model=tests.generated_setups.GeneratedModule", "--data=tests.generated_setups.GeneratedData"]
@@ -87,9 +87,9 @@ class Setup:
                 "--trainer.callbacks+=ModelCheckpoint", "--trainer.callbacks.save_on_train_epoch_end=true",
                 "--trainer.callbacks.save_top_k=-1", "--trainer.callbacks.filename={epoch}-end",
             ]  # fmt: skip
-        if self.averaging == "ema":
+        if self.averaging == "exponential":
             args += ["--trainer.callbacks+=lightning.pytorch.callbacks.EMAWeightAveraging"]
-        elif self.averaging == "swa":
+        elif self.averaging == "stochastic":
             args += [
                 "--trainer.callbacks+=StochasticWeightAveraging", "--trainer.callbacks.swa_lrs=0.01",
                 "--trainer.callbacks.swa_epoch_start=2",
@@ -182,10 +182,10 @@ def setups(draw: st.DrawFn) -> Setup:
     if draw(st.booleans()):
         trainer["reload_dataloaders_every_n_epochs"] = 1
     epoch_checkpoints = draw(st.booleans())
-    averaging = draw(st.sampled_from([None, "ema", "swa"]))
-    # Lightning's SWA takes one optimizer, and a loader with a length for its BatchNorm epoch
+    averaging = draw(st.sampled_from([None, "exponential", "stochastic"]))
+    # Lightning's StochasticWeightAveraging takes one optimizer, and a loader with a length for its BatchNorm epoch
     averaging = (
-        None if averaging == "swa" and (optimization == "manual-two" or (iterable and finetuning)) else averaging
+        None if averaging == "stochastic" and (optimization == "manual-two" or (iterable and finetuning)) else averaging
     )
     return Setup(
         model, data, trainer, step_checkpoints, early_stopping, scheduled, finetuning, epoch_checkpoints, averaging
@@ -396,11 +396,15 @@ ACCUMULATION_SCHEDULE = Setup(  # GradientAccumulationScheduler sets epoch 1's a
 FINE_TUNING = Setup(  # a BaseFinetuning freezes the hidden layer again in the resumed run's setup
     data={"loader": "map", "batch_size": 16, "train_size": 112}, trainer={"max_epochs": 3}, fine_tuning=True
 )
-SWA = Setup(  # Lightning's StochasticWeightAveraging sets up its averaging epochs in on_train_epoch_start
-    data={"loader": "map", "batch_size": 12, "train_size": 100}, trainer={"max_epochs": 3}, averaging="swa"
+STOCHASTIC_AVERAGE = (
+    Setup(  # Lightning's StochasticWeightAveraging sets up its averaging epochs in on_train_epoch_start
+        data={"loader": "map", "batch_size": 12, "train_size": 100}, trainer={"max_epochs": 3}, averaging="stochastic"
+    )
 )
-EMA = replace(SWA, averaging="ema")
-SWA_BY_STEPS = replace(SWA, trainer={"max_steps": 22, "max_epochs": -1})  # averaged until training ends
+EXPONENTIAL_AVERAGE = replace(STOCHASTIC_AVERAGE, averaging="exponential")
+STOCHASTIC_AVERAGE_BY_STEPS = replace(
+    STOCHASTIC_AVERAGE, trainer={"max_steps": 22, "max_epochs": -1}
+)  # averaged until training ends
 INSIDE_A_STEP = Setup(  # the best-epoch checkpoint of a validation every 3 batches, accumulating 2
     data={"loader": "map", "batch_size": 12},
     trainer={"accumulate_grad_batches": 2, "val_check_interval": 3, "max_steps": 7},
@@ -445,10 +449,22 @@ FOUND = [  # each ended otherwise on an earlier version
     pytest.param(ACCUMULATION_SCHEDULE, Stop("sigterm", 10), "exact", id="accumulation-scheduled-for-the-epoch"),
     pytest.param(FINE_TUNING, Stop("kill", 2), "exact", id="unfrozen-by-a-callback-before-an-epoch-end-checkpoint"),
     pytest.param(FINE_TUNING, Stop("sigterm", 10), "exact", id="unfrozen-by-a-callback-in-the-stopped-epoch"),
-    pytest.param(SWA, Stop("sigterm", 12), "exact", id="swa-resumed-inside-an-averaging-epoch"),
-    pytest.param(SWA, Stop("kill", 5), "warned", id="swa-resumed-at-the-runs-end"),
-    pytest.param(SWA_BY_STEPS, Stop("sigterm", 21), "warned", id="swa-by-steps-resumed-at-the-runs-end"),
-    pytest.param(EMA, Stop("kill", 5), "exact", id="ema-resumed-at-the-runs-end-ends-with-the-average"),
+    pytest.param(
+        STOCHASTIC_AVERAGE, Stop("sigterm", 12), "exact", id="stochastic-average-resumed-inside-an-averaging-epoch"
+    ),
+    pytest.param(STOCHASTIC_AVERAGE, Stop("kill", 5), "warned", id="stochastic-average-resumed-at-the-runs-end"),
+    pytest.param(
+        STOCHASTIC_AVERAGE_BY_STEPS,
+        Stop("sigterm", 21),
+        "warned",
+        id="stochastic-average-by-steps-resumed-at-the-runs-end",
+    ),
+    pytest.param(
+        EXPONENTIAL_AVERAGE,
+        Stop("kill", 5),
+        "exact",
+        id="exponential-average-resumed-at-the-runs-end-ends-with-the-average",
+    ),
 ]
 
 

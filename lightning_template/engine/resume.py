@@ -81,7 +81,7 @@ def seed_all(seed: int) -> None:
 
 # Lightning's callbacks that set up each epoch in on_train_epoch_start, from their saved state, and can run it again
 # for the same epoch: Lightning does not run it for an epoch restarted in its middle, the engine does, at its first
-# batch (the accumulation of the epoch; SWA's learning-rate schedule, set up when its first epoch starts).
+# batch (the epoch's accumulation; the averaging's learning-rate schedule, set up as its first epoch starts).
 EPOCH_SETUPS = (GradientAccumulationScheduler, StochasticWeightAveraging)
 
 
