@@ -88,8 +88,8 @@ def test_hook_calls_pay_no_profiler_unless_one_is_chosen(tmp_path, monkeypatch, 
             "--test_after_fit=false"]  # fmt: skip
     default = ProjectCLI(args=args[1:], run=False).trainer.profiler
     lightnings = PassThroughProfiler()
-    ours, theirs = zip(*[(_seconds_per_call(default), _seconds_per_call(lightnings)) for _ in range(5)], strict=True)
-    assert statistics.median(ours) < 0.5 * statistics.median(theirs)  # about a sixth on a CPU
+    ours, theirs = zip(*[(_seconds_per_call(default), _seconds_per_call(lightnings)) for _ in range(7)], strict=True)
+    assert min(ours) < 0.5 * min(theirs)  # about a sixth on a CPU; the fastest round: a busy machine only adds time
     with caplog.at_level(logging.INFO):  # where Lightning writes its report
         ProjectCLI(args=[*args, "--trainer.profiler=simple"])
     assert "FIT Profiler Report" in caplog.text
