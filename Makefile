@@ -20,7 +20,7 @@ ARGS ?=
 export MALLOC_MMAP_THRESHOLD_ ?= 33554432
 export MALLOC_TRIM_THRESHOLD_ ?= 1073741824
 
-.PHONY: install lock data train test test-all matrix resume-fuzz lint format hooks docs clean transfer fortunes text-data
+.PHONY: install lock data train test test-all matrix resume-fuzz resume-fuzz-ddp lint format hooks docs clean transfer fortunes text-data
 # extra:timm
 .PHONY: transfer-timm
 # /extra:timm
@@ -117,6 +117,11 @@ SEED ?= 0
 resume-fuzz: $(VENV)/.installed-test
 	RESUME_FUZZ_EXAMPLES=$(EXAMPLES) RESUME_FUZZ_SEED=$(SEED) $(BIN)/python -m pytest tests/test_generated_setups.py \
 		-k generated_setup -p no:logging -q --hypothesis-show-statistics
+
+# The same under DDP: 2 processes on the CPU, each run started as `python train.py` (about 25 seconds a setup).
+resume-fuzz-ddp: $(VENV)/.installed-test
+	RESUME_FUZZ_DDP_EXAMPLES=$(EXAMPLES) RESUME_FUZZ_SEED=$(SEED) $(BIN)/python -m pytest tests/test_generated_setups.py \
+		-k generated_ddp_setup -p no:logging -q --hypothesis-show-statistics
 
 # The setups matrix: the whole exact-resume fault-injection matrix (100 cells, about 5 minutes), with its table, and the
 # CLI resume of every job config and callback preset (about 6 minutes).

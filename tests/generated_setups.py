@@ -329,24 +329,28 @@ class GeneratedData(LightningDataModule):
 class TrainedBatches(Callback):
     """A stateful callback: a fingerprint of every epoch started and batch trained, in order, and the validation loss
     of every validation with its step (so a resumed run that trains other samples, skips a hook or logs other metrics
-    differs)."""
+    differs). Under DDP it holds every process's, gathered: Lightning saves the callback states of rank 0 alone, and
+    every process resumes from them."""
 
     def __init__(self) -> None:
         self.fingerprint = ""
-        self.validations: list[tuple[int, float]] = []
+        self.validations: list[tuple[int, list[float]]] = []
 
     def on_train_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        self._add(f"epoch {trainer.current_epoch}".encode())  # a user's hook at every epoch's start (an unfreezing)
+        self._add(trainer, f"epoch {trainer.current_epoch}".encode())  # a user's hook at every epoch's start
 
     def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int) -> None:
-        self._add(joined(batch)[0].cpu().numpy().tobytes())
+        self._add(trainer, joined(batch)[0].cpu().numpy().tobytes())
 
-    def _add(self, data: bytes) -> None:
-        self.fingerprint = hashlib.blake2b(self.fingerprint.encode() + data, digest_size=8).hexdigest()
+    def _add(self, trainer: Trainer, data: bytes) -> None:
+        digest = torch.tensor(int.from_bytes(hashlib.blake2b(data, digest_size=7).digest(), "little"))
+        every = trainer.strategy.all_gather(digest).cpu().numpy().tobytes()  # each process's, in rank order
+        self.fingerprint = hashlib.blake2b(self.fingerprint.encode() + every, digest_size=8).hexdigest()
 
     def on_validation_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         if not trainer.sanity_checking and "val_loss" in trainer.callback_metrics:
-            self.validations.append((trainer.global_step, trainer.callback_metrics["val_loss"].item()))
+            losses = trainer.strategy.all_gather(trainer.callback_metrics["val_loss"].detach()).reshape(-1)
+            self.validations.append((trainer.global_step, losses.tolist()))
 
     def state_dict(self) -> dict[str, Any]:
         return {"fingerprint": self.fingerprint, "validations": self.validations}
@@ -356,22 +360,24 @@ class TrainedBatches(Callback):
 
 
 class SigtermAfterBatches(Callback):
-    """A real SIGTERM to this process after the `count`-th training batch it runs (from 1), as `kill` sends it."""
+    """A real SIGTERM to this process after the `count`-th training batch it runs (from 1), as `kill` sends it; under
+    DDP to the process of `rank` alone, or to every process (None: a cluster's pre-emption)."""
 
-    def __init__(self, count: int) -> None:
-        self.count, self.seen = count, 0
+    def __init__(self, count: int, rank: int | None = None) -> None:
+        self.count, self.rank, self.seen = count, rank, 0
 
     def on_train_batch_end(self, trainer: Trainer, *args: Any) -> None:
         self.seen += 1
-        if self.seen == self.count:
+        if self.seen == self.count and self.rank in (None, trainer.global_rank):
             os.kill(os.getpid(), signal.SIGTERM)
 
 
 class SigtermInValidation(Callback):
-    """A real SIGTERM in the middle of the `index`-th validation inside fit (from 0; sanity checks not counted)."""
+    """A real SIGTERM in the middle of the `index`-th validation inside fit (from 0; sanity checks not counted), to the
+    process of `rank` or to every process."""
 
-    def __init__(self, index: int) -> None:
-        self.index, self.seen = index, -1
+    def __init__(self, index: int, rank: int | None = None) -> None:
+        self.index, self.rank, self.seen = index, rank, -1
 
     def on_validation_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self.seen += 0 if trainer.sanity_checking else 1
@@ -379,7 +385,33 @@ class SigtermInValidation(Callback):
     def on_validation_batch_end(self, trainer: Trainer, *args: Any) -> None:
         if not trainer.sanity_checking and self.seen == self.index:
             self.seen = -(10**9)  # once
-            os.kill(os.getpid(), signal.SIGTERM)
+            if self.rank in (None, trainer.global_rank):
+                os.kill(os.getpid(), signal.SIGTERM)
+
+
+def outcome(trainer: Trainer) -> dict[str, Any]:
+    """What a run ends with, which a resumed run must end with too."""
+    module = trainer.lightning_module
+    recorder = next(c for c in trainer.callbacks if isinstance(c, TrainedBatches))
+    return {
+        "global_step": trainer.global_step,
+        "weights and buffers": module.state_dict(),
+        "optimizers": [optimizer.state_dict() for optimizer in trainer.optimizers],
+        "schedulers": [config.scheduler.state_dict() for config in trainer.lr_scheduler_configs],
+        "samples_seen": module.samples_seen if module.hparams.get("checkpoint_entry") else None,
+        "trained batches": recorder.fingerprint,
+        "validations": recorder.validations,
+    }
+
+
+class RecordOutcome(Callback):
+    """Each process of a DDP run saves what its run ended with (`outcome`) and the training batches it ran, as
+    `outcome-rank<N>.pt` in the working folder: the test reads them from its own process."""
+
+    def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        if stage == "fit":
+            ended = {"outcome": outcome(trainer), "batches": trainer.fit_loop.total_batch_idx + 1}
+            torch.save(ended, f"outcome-rank{trainer.global_rank}.pt")
 
 
 class FreezeUntilEpoch(BaseFinetuning):

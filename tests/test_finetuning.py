@@ -186,8 +186,8 @@ def _ddp_finetune(tmp_path: Path, *flags: str) -> tuple[dict, dict]:
 @pytest.mark.slow
 @pytest.mark.processes
 def test_without_the_backbone_all_reduce_ddp_replicas_drift(tmp_path: Path, fashion_mnist_dir) -> None:
-    """What the callback's all-reduce prevents (Lightning #20340): each rank trains its own backbone. The fp16 test
-    below shows the replicas identical with it."""
+    """What the engine's ThawedParameterSync prevents (Lightning #20340): each rank trains its own backbone. The fp16
+    test below shows the replicas identical with it."""
     rank0, rank1 = _ddp_finetune(tmp_path, "--without-backbone-sync")
     assert rank0["groups"] == ["head", "head_no_decay", "backbone", "backbone_no_decay"]
     backbone = [k for k in rank0["state"] if not k.startswith("fc.")]

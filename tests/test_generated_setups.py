@@ -4,7 +4,8 @@ stop, and the run stopped there and resumed with `--ckpt_path` must end bit-iden
 callback's fingerprint of every trained batch and of every validation's loss), or must have been told at its start,
 in one line, why it cannot be exact (`ExactResume: ...`), or refused in one line.
 
-Every run goes through train.py's CLI in this process (`ProjectCLI`), as `python train.py fit ...` runs it. The
+Every run goes through train.py's CLI in this process (`ProjectCLI`), as `python train.py fit ...` runs it; a DDP
+setup (2 processes on the CPU) runs `python train.py fit ... --trainer.strategy=ddp` in its own processes. The
 stops: a real SIGTERM after any training batch of the run (an epoch's last included) or inside any validation, and a
 hard kill right after any checkpoint was written (the resume starts from that file as it was on disk).
 
@@ -18,6 +19,9 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import signal
+import subprocess
+import sys
 import tempfile
 import warnings
 from collections.abc import Iterator
@@ -35,8 +39,10 @@ from lightning_template.engine.cli import ProjectCLI
 from lightning_template.engine.errors import ProjectError
 
 from tests import generated_setups as user
+from tests.conftest import ROOT
 
 EXAMPLES = int(os.environ.get("RESUME_FUZZ_EXAMPLES", 24))
+DDP_EXAMPLES = int(os.environ.get("RESUME_FUZZ_DDP_EXAMPLES", 2))  # each starts its runs' processes: seconds each
 FUZZ_SEED = int(os.environ.get("RESUME_FUZZ_SEED", 0))
 QUIET = [
     "--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false", "--trainer.log_every_n_steps=2",
@@ -69,6 +75,8 @@ class Setup:
     fine_tuning: bool = False  # a BaseFinetuning: the hidden layer, BatchNorm included, frozen until epoch 1
     epoch_checkpoints: bool = False  # a ModelCheckpoint at every training epoch's end, all kept
     averaging: str | None = None  # Lightning's EMAWeightAveraging (exponential), StochasticWeightAveraging (stochastic)
+    # 1: the run in this process; 2: `python train.py fit ... --trainer.strategy=ddp` with 2 processes on the CPU
+    processes: int = 1
 
     def args(self) -> list[str]:
         args = ["--model=tests.generated_setups.GeneratedModule", "--data=tests.generated_setups.GeneratedData"]
@@ -102,16 +110,25 @@ class Setup:
             args += ["--model.scheduled_accumulation=true"]
         if self.fine_tuning:
             args += ["--model.batch_norm=true", "--trainer.callbacks+=tests.generated_setups.FreezeUntilEpoch"]
+        if self.processes > 1:
+            # Two optimizers, each stepping half of the network: DDP must look for the parameters a loss did not use.
+            strategy = "ddp_find_unused_parameters_true" if self.model.get("optimization") == "manual-two" else "ddp"
+            args += [
+                f"--trainer.strategy={strategy}", f"--trainer.devices={self.processes}", "--trainer.accelerator=cpu",
+                "--trainer.callbacks+=tests.generated_setups.RecordOutcome",
+            ]  # fmt: skip
         return [*args, *QUIET]
 
 
 @dataclass(frozen=True)
 class Stop:
     """How the run is stopped: `sigterm` after training batch `at % batches + 1`, `validation` (a SIGTERM inside
-    validation `at % validations`), or `kill` right after checkpoint `at % checkpoints` was written."""
+    validation `at % validations`), or `kill` right after checkpoint `at % checkpoints` was written. Under DDP, a
+    SIGTERM goes to the process of `rank`, or to every process (None, as a cluster's pre-emption sends it)."""
 
     kind: str
     at: int
+    rank: int | None = None
 
 
 @st.composite
@@ -195,6 +212,22 @@ def setups(draw: st.DrawFn) -> Setup:
 stops = st.builds(
     Stop, kind=st.sampled_from(["sigterm", "sigterm", "validation", "kill", "kill"]), at=st.integers(0, 999)
 )
+ddp_setups = setups().map(lambda setup: replace(setup, processes=2))
+ddp_stops = st.builds(
+    Stop,
+    kind=st.sampled_from(["sigterm", "sigterm", "validation", "kill"]),
+    at=st.integers(0, 999),
+    rank=st.sampled_from([None, 0, 1]),
+)
+
+
+@dataclass
+class Finished:
+    """A run that trained to its end: what it ended with (`user.outcome`; a DDP run's other processes' as `rank N:
+    <key>`), and the training batches it ran."""
+
+    outcome: dict[str, Any]
+    batches: int
 
 
 @dataclass
@@ -231,6 +264,47 @@ def run(args: list[str], folder: Path) -> tuple[ProjectCLI | None, list[str]]:
     return cli, [str(w.message) for w in caught if "ExactResume" in str(w.message)]
 
 
+def run_processes(args: list[str], folder: Path) -> tuple[Finished | None, list[str]]:
+    """`python train.py fit <args>` in `folder`, its DDP processes started by Lightning: how it finished (None if
+    stopped) and the engine's lines; a refusal raises its one-line error, as in this process."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for earlier in folder.glob("outcome-rank*.pt"):
+        earlier.unlink()
+    # One thread a process: several on 2 cores, each with as many threads as cores, run many times slower.
+    env = {k: v for k, v in os.environ.items() if k not in ("MASTER_ADDR", "MASTER_PORT")} | {"OMP_NUM_THREADS": "1"}
+    # A session of its own: a run past its time is killed with every process it started (its other rank, workers).
+    with subprocess.Popen(
+        [sys.executable, str(ROOT / "train.py"), "fit", *args], cwd=folder, env=env, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True, start_new_session=True,
+    ) as process:  # fmt: skip
+        try:
+            stdout, stderr = process.communicate(timeout=300)
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)
+    done = subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
+    told = [line for line in done.stderr.splitlines() if "ExactResume:" in line]
+    if done.returncode == 1 and "\nError: " in done.stderr:
+        raise ProjectError(done.stderr.partition("\nError: ")[2].partition("\n(--debug")[0])
+    if done.returncode == 143:  # stopped at a step boundary
+        return None, told
+    assert done.returncode == 0, f"exit {done.returncode}\n{done.stderr[-4000:]}"
+    ranks = [torch.load(path, weights_only=False) for path in sorted(folder.glob("outcome-rank*.pt"))]
+    assert len(ranks) == 2, f"{len(ranks)} processes recorded their outcome"
+    merged = {**ranks[0]["outcome"], **{f"rank 1: {k}": v for k, v in ranks[1]["outcome"].items()}}
+    return Finished(merged, ranks[0]["batches"]), told
+
+
+def launch(setup: Setup, args: list[str], folder: Path) -> tuple[Finished | None, list[str]]:
+    """The setup's run with `args`, in this process or in its DDP processes."""
+    if setup.processes > 1:
+        return run_processes(args, folder)
+    cli, told = run(args, folder)
+    if cli is None:
+        return None, told
+    return Finished(user.outcome(cli.trainer), cli.trainer.fit_loop.total_batch_idx + 1), told
+
+
 def equal(a: Any, b: Any) -> bool:
     """Bit-identical nested states (tensors, numbers, lists, dicts)."""
     if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
@@ -242,31 +316,16 @@ def equal(a: Any, b: Any) -> bool:
     return a == b
 
 
-def outcome(cli: ProjectCLI) -> dict[str, Any]:
-    trainer, module = cli.trainer, cli.model
-    recorder = next(c for c in trainer.callbacks if isinstance(c, user.TrainedBatches))
-    return {
-        "global_step": trainer.global_step,
-        "weights and buffers": module.state_dict(),
-        "optimizers": [optimizer.state_dict() for optimizer in trainer.optimizers],
-        "schedulers": [config.scheduler.state_dict() for config in trainer.lr_scheduler_configs],
-        "samples_seen": module.samples_seen if module.hparams.get("checkpoint_entry") else None,
-        "trained batches": recorder.fingerprint,
-        "validations": recorder.validations,
-    }
-
-
 def reference(setup: Setup, root: Path) -> Reference:
     key = json.dumps(asdict(setup), sort_keys=True)
     if key not in REFERENCES:
         folder = root / f"reference-{len(list(root.iterdir()))}"  # a new folder, also after a run that failed
-        cli, _ = run([*setup.args(), "--trainer.plugins=tests.generated_setups.KeepEveryCheckpoint"], folder)
-        assert cli is not None
-        recorder = next(c for c in cli.trainer.callbacks if isinstance(c, user.TrainedBatches))
-        batches = cli.trainer.fit_loop.total_batch_idx + 1
-        REFERENCES[key] = Reference(
-            outcome(cli), batches, len(recorder.validations), sorted((folder / "snapshots").glob("*.ckpt"))
-        )
+        keep_every_checkpoint = "--trainer.plugins=tests.generated_setups.KeepEveryCheckpoint"
+        finished, _ = launch(setup, [*setup.args(), keep_every_checkpoint], folder)
+        assert finished is not None
+        validations = len(finished.outcome["validations"])
+        checkpoints = sorted((folder / "snapshots").glob("*.ckpt"))
+        REFERENCES[key] = Reference(finished.outcome, finished.batches, validations, checkpoints)
     return REFERENCES[key]
 
 
@@ -274,11 +333,19 @@ def stop_flags(stop: Stop, ref: Reference) -> list[str] | Path:
     """The flags that stop the run, or the checkpoint a hard kill leaves."""
     if stop.kind == "kill":
         return ref.checkpoints[stop.at % len(ref.checkpoints)]
+    rank = [] if stop.rank is None else [f"--trainer.callbacks.rank={stop.rank}"]
     if stop.kind == "validation" and ref.validations:
         index = stop.at % ref.validations
-        return ["--trainer.callbacks+=tests.generated_setups.SigtermInValidation", f"--trainer.callbacks.index={index}"]
+        return [
+            "--trainer.callbacks+=tests.generated_setups.SigtermInValidation", f"--trainer.callbacks.index={index}",
+            *rank,
+        ]  # fmt: skip
     count = stop.at % ref.batches + 1
-    return ["--trainer.callbacks+=tests.generated_setups.SigtermAfterBatches", f"--trainer.callbacks.count={count}"]
+    return [
+        "--trainer.callbacks+=tests.generated_setups.SigtermAfterBatches",
+        f"--trainer.callbacks.count={count}",
+        *rank,
+    ]
 
 
 def replay(setup: Setup, stop: Stop) -> str:
@@ -302,16 +369,16 @@ def check(setup: Setup, stop: Stop, root: Path) -> str:
     if isinstance(stopping, Path):  # a hard kill: what is on disk is that file, resumed by its path
         start = f"--ckpt_path={stopping}"
     else:
-        run([*setup.args(), *stopping], folder)
+        launch(setup, [*setup.args(), *stopping], folder)
         start = "--ckpt_path=last"
     try:
-        resumed, told = run([*setup.args(), start], folder)
+        resumed, told = launch(setup, [*setup.args(), start], folder)
     except ProjectError as refusal:
         assert "\n" not in str(refusal), f"a refusal must be one line: {refusal}"
         return "refused"
     assert resumed is not None, "the resumed run was stopped"
     assert all("\n" not in line for line in told), told
-    expected, got = ref.outcome, outcome(resumed)
+    expected, got = ref.outcome, resumed.outcome
     differ = [key for key in expected if not equal(expected[key], got[key])]
     # A skipped validation changes the validations recorded: said of a run that has them all, it is false.
     false_alarm = [line for line in told if "before the validation due" in line and not differ]
@@ -425,6 +492,20 @@ def test_a_generated_setup_resumes_exactly_or_is_told_why_not(setup: Setup, stop
     note(result)
 
 
+@pytest.mark.slow
+@pytest.mark.processes
+@seed(FUZZ_SEED)
+@settings(
+    max_examples=DDP_EXAMPLES, deadline=None, derandomize=FUZZ_SEED == 0, database=None, print_blob=True,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.function_scoped_fixture],
+    phases=[Phase.generate, Phase.shrink],
+)  # fmt: skip
+@given(setup=ddp_setups, stop=ddp_stops)
+def test_a_generated_ddp_setup_resumes_exactly_or_is_told_why_not(setup: Setup, stop: Stop, workdir: Path) -> None:
+    note(replay(setup, stop))
+    note(check(setup, stop, workdir))
+
+
 FOUND = [  # each ended otherwise on an earlier version
     pytest.param(PLATEAU, Stop("sigterm", 6), "exact", id="plateau-sigterm-at-an-epochs-last-batch"),
     pytest.param(PLATEAU, Stop("kill", 1), "exact", id="plateau-kill-after-the-epoch-end-last-ckpt"),
@@ -471,6 +552,22 @@ FOUND = [  # each ended otherwise on an earlier version
 @pytest.mark.slow
 @pytest.mark.parametrize(("setup", "stop", "expected"), FOUND)
 def test_the_setups_the_generator_found_end_as_they_should(setup, stop, expected, workdir: Path) -> None:
+    assert check(setup, stop, workdir) == expected, replay(setup, stop)
+
+
+# Under DDP, the part a BaseFinetuning unfroze trained on each process's own gradients: the processes' weights differed
+# in the run never stopped, and a resumed run restarted every process from rank 0's.
+FOUND_UNDER_DDP = [
+    pytest.param(
+        replace(FINE_TUNING, processes=2), Stop("sigterm", 10, rank=1), "exact", id="unfrozen-part-averaged-by-ddp"
+    ),
+]
+
+
+@pytest.mark.slow
+@pytest.mark.processes
+@pytest.mark.parametrize(("setup", "stop", "expected"), FOUND_UNDER_DDP)
+def test_the_ddp_setups_the_generator_found_end_as_they_should(setup, stop, expected, workdir: Path) -> None:
     assert check(setup, stop, workdir) == expected, replay(setup, stop)
 
 

@@ -19,6 +19,7 @@ _WHERE = {
     "NonFiniteLossError": "finite_loss",
     "ProcessGroupTeardown": "process_group",
     "ResumeCheckpoint": "resume",
+    "ThawedParameterSync": "process_group",
 }
 __all__ = sorted(_WHERE)
 

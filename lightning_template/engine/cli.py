@@ -65,7 +65,7 @@ from lightning_template.engine.monitor import (
     monitoring_off,
 )
 from lightning_template.engine.predictions import CSVPredictionWriter
-from lightning_template.engine.process_group import ProcessGroupTeardown
+from lightning_template.engine.process_group import ProcessGroupTeardown, ThawedParameterSync
 from lightning_template.engine.resume import ExactResume, ResumeCheckpoint
 from lightning_template.engine.tracking import (
     EXPERIMENT_ARG,
@@ -88,12 +88,14 @@ DATA_FACTS = ("num_classes", "input_shape", "vocab_size", "pad_id", "max_length"
 
 def installed_callbacks() -> list[Any]:
     """In every run, whatever the model and data: exact resume with its last.ckpt, the tracker run in each
-    checkpoint, a stop at NaN, a check that monitored metrics are logged, a clean exit of DDP processes,
-    learning rates in the logs, and the console's progress."""
+    checkpoint, a stop at NaN, a check that monitored metrics are logged, DDP's processes kept the same (parameters
+    unfrozen after DDP wrapped the model) and their clean exit, learning rates in the logs, and the console's
+    progress."""
     return [
         CheckpointFacts(),  # first: a resume with another seed is refused before ExactResume says it continues
         ExactResume(),
         ProcessGroupTeardown(),
+        ThawedParameterSync(),
         ResumeCheckpoint(),
         FiniteLossGuard(),
         MonitoredMetrics(),
@@ -385,8 +387,10 @@ class ProjectCLI(CLIHooks):
         for callback in self.trainer.callbacks:
             if isinstance(callback, SaveConfigToRun):  # a run refused before its first step removes what it made
                 callback.note_new_folder(self.trainer)
-        # The check of monitored metrics looks at each validation before early stopping and checkpoints use it.
-        self.trainer.callbacks.sort(key=lambda callback: not isinstance(callback, MonitoredMetrics))
+        # First: the check of monitored metrics looks at each validation before early stopping and checkpoints use
+        # it; the parameters DDP averages are read before any callback's on_fit_start unfreezes some.
+        first = (MonitoredMetrics, ThawedParameterSync)
+        self.trainer.callbacks.sort(key=lambda callback: not isinstance(callback, first))
 
     def after_fit(self) -> None:
         trainer = self.trainer

@@ -1,4 +1,4 @@
-"""A clean exit for every DDP process whose work is done: the process group is destroyed before Python shuts down."""
+"""DDP processes: the gradients DDP does not average, and a clean exit of every process whose work is done."""
 
 from __future__ import annotations
 
@@ -6,6 +6,37 @@ import atexit
 
 import torch.distributed as dist
 from lightning import Callback, LightningModule, Trainer
+from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
+from torch.nn.parallel import DistributedDataParallel
+
+from lightning_template.engine.lightning_internals import closes_accumulation_window
+
+
+class ThawedParameterSync(Callback):
+    """Under DDP, average the gradients of the parameters that were frozen when DDP wrapped the model and train since
+    (a `BaseFinetuning`'s unfreezing, Lightning's `BackboneFinetuning` among them: Lightning #20340).
+
+    DDP averages the gradients of the parameters that trained when it wrapped the model, and no others: without this,
+    each process would train those parameters on its own gradients, the replicas would drift apart, and a checkpoint
+    (rank 0's) would hold one of them. One all-reduce for all of them, after the backward pass of a step's last
+    micro-batch: before mixed precision's loss scaling looks for overflows, so every process skips (or takes) the
+    same steps."""
+
+    def __init__(self) -> None:
+        self._averaged_by_ddp: set[int] = set()
+
+    def on_fit_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        # Lightning has just wrapped the model: DDP averages what trains now (train.py runs this hook first).
+        self._averaged_by_ddp = {id(p) for p in pl_module.parameters() if p.requires_grad}
+
+    def on_after_backward(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if not isinstance(trainer.strategy.model, DistributedDataParallel) or not closes_accumulation_window(trainer):
+            return
+        grads = [p.grad for p in pl_module.parameters() if p.grad is not None and id(p) not in self._averaged_by_ddp]
+        if grads:
+            averaged = trainer.strategy.reduce(_flatten_dense_tensors(grads), reduce_op="mean")
+            for grad, synced in zip(grads, _unflatten_dense_tensors(averaged, grads), strict=True):
+                grad.copy_(synced)
 
 
 def destroy_process_group() -> None:

@@ -13,7 +13,7 @@ import torch
 from lightning import Callback, Trainer, seed_everything
 from lightning.pytorch.plugins import MixedPrecision
 
-from lightning_template.engine import ProcessGroupTeardown
+from lightning_template.engine import ProcessGroupTeardown, ThawedParameterSync
 from lightning_template.tasks.classification import FashionMNISTDataModule, SimpleCNN, TwoStageFinetuning
 
 INF_AT_STEP = 4  # after unfreezing (epoch 1 starts at step 3)
@@ -36,8 +36,8 @@ class InfInRankOneBackbone(Callback):
 def main() -> None:
     torch.set_num_threads(1)
     out_dir, weights = Path(sys.argv[1]), sys.argv[2]
-    if "--without-backbone-sync" in sys.argv:  # reproduces DDP's drift, to show the check can fail
-        TwoStageFinetuning.on_after_backward = lambda *args: None
+    # Without the engine's sync of what DDP does not average, DDP's drift, to show the check can fail.
+    sync = [] if "--without-backbone-sync" in sys.argv else [ThawedParameterSync()]
     fp16 = "--fp16-inf" in sys.argv
     seed_everything(0)
     model = SimpleCNN(weights=weights, optimizer=torch.optim.SGD, schedule="constant")
@@ -47,7 +47,7 @@ def main() -> None:
         accelerator="cpu", devices=2, strategy="ddp", max_epochs=2, limit_train_batches=3, limit_val_batches=1,
         logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
         plugins=[MixedPrecision("16-mixed", "cpu")] if fp16 else None,
-        callbacks=[*extra, TwoStageFinetuning(unfreeze_at_epoch=1), ProcessGroupTeardown()],
+        callbacks=[*extra, TwoStageFinetuning(unfreeze_at_epoch=1), *sync, ProcessGroupTeardown()],
     )  # fmt: skip
     trainer.fit(model, datamodule=FashionMNISTDataModule(batch_size=16))
     torch.save(

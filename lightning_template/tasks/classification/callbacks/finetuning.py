@@ -9,9 +9,8 @@ Written for the failure modes of Lightning's `BackboneFinetuning`:
 - the stage is part of the checkpoint, and resuming in stage 2 restores the same
   trainable set, param groups, learning rates and optimizer state;
 - under DDP the backbone was frozen when the model was wrapped, so DDP does not
-  all-reduce its gradients; this callback averages them across ranks itself, right
-  after the backward pass of the last micro-batch of a step: before fp16 loss scaling
-  looks for overflows, so every rank skips (or takes) the same steps;
+  all-reduce its gradients: the engine's `ThawedParameterSync`, in every run, averages
+  them across ranks (as it does for Lightning's `BackboneFinetuning`);
 - the backbone gets its own named param groups (decay / no decay) that the model's
   schedule follows (TensorBoard shows `lr-<Optimizer>/head` and `lr-<Optimizer>/backbone`);
 - "frozen" includes BatchNorm: its running statistics stay fixed unless `train_bn`.
@@ -25,10 +24,8 @@ from lightning import Callback, LightningModule, Trainer
 from lightning.pytorch.callbacks import BaseFinetuning
 from lightning.pytorch.utilities import rank_zero_info
 from torch import nn
-from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
 from lightning_template.engine.errors import ConfigError, InterfaceError
-from lightning_template.engine.lightning_internals import closes_accumulation_window
 from lightning_template.tasks.optim import WarmupSchedule, steps_per_epoch
 
 
@@ -165,17 +162,6 @@ class TwoStageFinetuning(Callback):
             for module in pl_module.net.modules():
                 if isinstance(module, nn.modules.batchnorm._BatchNorm):
                     module.eval()
-
-    def on_after_backward(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        if not self.unfrozen or trainer.world_size == 1:
-            return
-        if not closes_accumulation_window(trainer):
-            return  # a micro-batch inside an accumulation window: DDP does not reduce yet either
-        grads = [p.grad for p in self._backbone(pl_module) if p.grad is not None]
-        if grads:  # one all-reduce for the whole backbone
-            averaged = trainer.strategy.reduce(_flatten_dense_tensors(grads), reduce_op="mean")
-            for grad, synced in zip(grads, _unflatten_dense_tensors(averaged, grads), strict=True):
-                grad.copy_(synced)
 
     def on_validation_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         if self.patience is None or self.unfrozen or self.plateaued or trainer.sanity_checking:
