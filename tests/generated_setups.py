@@ -409,9 +409,17 @@ class RecordOutcome(Callback):
     `outcome-rank<N>.pt` in the working folder: the test reads them from its own process."""
 
     def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
-        if stage == "fit":
-            ended = {"outcome": outcome(trainer), "batches": trainer.fit_loop.total_batch_idx + 1}
-            torch.save(ended, f"outcome-rank{trainer.global_rank}.pt")
+        if stage != "fit":
+            return
+        ended = outcome(trainer)
+        if trainer.global_rank:
+            # Buffers are each process's own: DDP copies rank 0's into every process at each forward, and a running
+            # mean of the process's own loss moves on from there (a weight average averages it too). Lightning's
+            # checkpoint is rank 0's, so the other processes are compared on their weights.
+            del ended["weights and buffers"]
+            ended["weights"] = {name: p.detach().clone() for name, p in pl_module.named_parameters()}
+        batches = trainer.fit_loop.total_batch_idx + 1
+        torch.save({"outcome": ended, "batches": batches}, f"outcome-rank{trainer.global_rank}.pt")
 
 
 class FreezeUntilEpoch(BaseFinetuning):

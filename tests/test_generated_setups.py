@@ -291,7 +291,11 @@ def run_processes(args: list[str], folder: Path) -> tuple[Finished | None, list[
     assert done.returncode == 0, f"exit {done.returncode}\n{done.stderr[-4000:]}"
     ranks = [torch.load(path, weights_only=False) for path in sorted(folder.glob("outcome-rank*.pt"))]
     assert len(ranks) == 2, f"{len(ranks)} processes recorded their outcome"
-    merged = {**ranks[0]["outcome"], **{f"rank 1: {k}": v for k, v in ranks[1]["outcome"].items()}}
+    first, second = ranks[0]["outcome"], ranks[1]["outcome"]
+    # The processes train one model: the same weights and optimizer states on both, stopped or not.
+    same_weights = equal({name: first["weights and buffers"][name] for name in second["weights"]}, second["weights"])
+    assert same_weights and equal(first["optimizers"], second["optimizers"]), "the DDP processes ended apart"
+    merged = {**first, **{f"rank 1: {k}": v for k, v in second.items()}}
     return Finished(merged, ranks[0]["batches"]), told
 
 

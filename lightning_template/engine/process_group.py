@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import atexit
 
+import torch
 import torch.distributed as dist
 from lightning import Callback, LightningModule, Trainer
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
@@ -18,25 +19,34 @@ class ThawedParameterSync(Callback):
 
     DDP averages the gradients of the parameters that trained when it wrapped the model, and no others: without this,
     each process would train those parameters on its own gradients, the replicas would drift apart, and a checkpoint
-    (rank 0's) would hold one of them. One all-reduce for all of them, after the backward pass of a step's last
-    micro-batch: before mixed precision's loss scaling looks for overflows, so every process skips (or takes) the
-    same steps."""
+    (rank 0's) would hold one of them. One all-reduce for all of them after a step's last backward pass (each backward
+    pass in manual optimization): before mixed precision's loss scaling looks for overflows, so every process skips
+    (or takes) the same steps. As DDP does, a parameter that some process used gets the average on every process.
+    train.py runs its `on_fit_start` first; a Trainer built by hand lists it before any callback that unfreezes there.
+    """
 
     def __init__(self) -> None:
         self._averaged_by_ddp: set[int] = set()
 
     def on_fit_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        # Lightning has just wrapped the model: DDP averages what trains now (train.py runs this hook first).
+        # Lightning has just wrapped the model: DDP averages what trains now.
         self._averaged_by_ddp = {id(p) for p in pl_module.parameters() if p.requires_grad}
 
     def on_after_backward(self, trainer: Trainer, pl_module: LightningModule) -> None:
         if not isinstance(trainer.strategy.model, DistributedDataParallel) or not closes_accumulation_window(trainer):
             return
-        grads = [p.grad for p in pl_module.parameters() if p.grad is not None and id(p) not in self._averaged_by_ddp]
-        if grads:
-            averaged = trainer.strategy.reduce(_flatten_dense_tensors(grads), reduce_op="mean")
-            for grad, synced in zip(grads, _unflatten_dense_tensors(averaged, grads), strict=True):
-                grad.copy_(synced)
+        # Chosen alike on every process (what trains), not by which gradients this process has: the same collective.
+        thawed = [p for p in pl_module.parameters() if p.requires_grad and id(p) not in self._averaged_by_ddp]
+        if not thawed:
+            return
+        grads = [torch.zeros_like(p) if p.grad is None else p.grad for p in thawed]
+        used = torch.tensor([p.grad is not None for p in thawed], dtype=grads[0].dtype, device=grads[0].device)
+        summed = _flatten_dense_tensors([*grads, used])
+        dist.all_reduce(summed)
+        *averaged, used = _unflatten_dense_tensors(summed / trainer.world_size, [*grads, used])
+        for parameter, grad, anywhere in zip(thawed, averaged, used.tolist(), strict=True):
+            if anywhere:
+                parameter.grad = grad
 
 
 def destroy_process_group() -> None:

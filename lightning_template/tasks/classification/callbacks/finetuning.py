@@ -9,8 +9,8 @@ Written for the failure modes of Lightning's `BackboneFinetuning`:
 - the stage is part of the checkpoint, and resuming in stage 2 restores the same
   trainable set, param groups, learning rates and optimizer state;
 - under DDP the backbone was frozen when the model was wrapped, so DDP does not
-  all-reduce its gradients: the engine's `ThawedParameterSync`, in every run, averages
-  them across ranks (as it does for Lightning's `BackboneFinetuning`);
+  all-reduce its gradients: the engine's `ThawedParameterSync`, which train.py installs
+  in every run, averages them across ranks (as it does for Lightning's `BackboneFinetuning`);
 - the backbone gets its own named param groups (decay / no decay) that the model's
   schedule follows (TensorBoard shows `lr-<Optimizer>/head` and `lr-<Optimizer>/backbone`);
 - "frozen" includes BatchNorm: its running statistics stay fixed unless `train_bn`.
@@ -26,6 +26,7 @@ from lightning.pytorch.utilities import rank_zero_info
 from torch import nn
 
 from lightning_template.engine.errors import ConfigError, InterfaceError
+from lightning_template.engine.process_group import ThawedParameterSync
 from lightning_template.tasks.optim import WarmupSchedule, steps_per_epoch
 
 
@@ -113,7 +114,12 @@ class TwoStageFinetuning(Callback):
                 " (in stacked configs, a later TwoStageFinetuning replaces an earlier one)."
             )
         # Frozen before DDP wraps the model (also on resume, which restores the stage
-        # later): DDP then never reduces backbone gradients, and we do it ourselves.
+        # later): DDP then never reduces backbone gradients; the engine's callback does.
+        if trainer.world_size > 1 and not any(isinstance(c, ThawedParameterSync) for c in trainer.callbacks):
+            raise ConfigError(
+                "TwoStageFinetuning under DDP needs lightning_template.engine.ThawedParameterSync among the Trainer's"
+                " callbacks, listed first (train.py installs it): without it each process trains its own backbone."
+            )
         for parameter in self._backbone(pl_module):
             parameter.requires_grad_(False)
 
