@@ -13,8 +13,9 @@ from lightning import LightningModule, Trainer, seed_everything
 from lightning.pytorch.callbacks import LearningRateMonitor
 from lightning.pytorch.loggers import TensorBoardLogger
 
-from lightning_template.engine import ExactResume, ResumeCheckpoint
+from lightning_template.engine import ExactResume, ResumeCheckpoint, ThawedParameterSync
 from lightning_template.engine.cli import ProjectCLI
+from lightning_template.engine.errors import ConfigError
 from lightning_template.tasks.classification import (
     FashionMNISTDataModule,
     ResNetClassifier,
@@ -153,6 +154,16 @@ def test_a_resumed_run_needs_no_weights_its_checkpoint_has_them(tmp_path: Path, 
         fit(SimpleCNN(weights=weights), tmp_path / stage, StopAfterEpoch(stop_after))
         resumed = fit(SimpleCNN(), tmp_path / stage, ckpt_path=tmp_path / stage / "last.ckpt")
         assert resumed.global_step == 12, stage
+
+
+def test_under_ddp_a_trainer_without_the_engines_gradient_sync_is_refused() -> None:
+    """A Trainer built by hand: DDP (not launched here) would leave the backbone's gradients unaveraged."""
+    ddp = {"accelerator": "cpu", "devices": 2, "strategy": "ddp", "logger": False}
+    trainer = Trainer(**ddp, callbacks=[TwoStageFinetuning()])
+    with pytest.raises(ConfigError, match="needs the engine's ThawedParameterSync"):
+        trainer.callbacks[0].setup(trainer, SimpleCNN(), "fit")
+    trainer = Trainer(**ddp, callbacks=[ThawedParameterSync(), TwoStageFinetuning()])
+    trainer.callbacks[1].setup(trainer, SimpleCNN(), "fit")
 
 
 @pytest.mark.slow

@@ -117,8 +117,9 @@ class TwoStageFinetuning(Callback):
         # later): DDP then never reduces backbone gradients; the engine's callback does.
         if trainer.world_size > 1 and not any(isinstance(c, ThawedParameterSync) for c in trainer.callbacks):
             raise ConfigError(
-                "TwoStageFinetuning under DDP needs lightning_template.engine.ThawedParameterSync among the Trainer's"
-                " callbacks, listed first (train.py installs it): without it each process trains its own backbone."
+                "TwoStageFinetuning under DDP needs the engine's ThawedParameterSync"
+                " (lightning_template.engine) among the Trainer's callbacks, listed first (train.py installs it):"
+                " without it each process trains its own backbone."
             )
         for parameter in self._backbone(pl_module):
             parameter.requires_grad_(False)
