@@ -212,7 +212,10 @@ def setups(draw: st.DrawFn) -> Setup:
 stops = st.builds(
     Stop, kind=st.sampled_from(["sigterm", "sigterm", "validation", "kill", "kill"]), at=st.integers(0, 999)
 )
-ddp_setups = setups().map(lambda setup: replace(setup, processes=2))
+# Each process trains on its share of the data: twice the samples give each the batches of the setup in one process.
+ddp_setups = setups().map(
+    lambda setup: replace(setup, processes=2, data={**setup.data, "train_size": 2 * setup.data["train_size"]})
+)
 ddp_stops = st.builds(
     Stop,
     kind=st.sampled_from(["sigterm", "sigterm", "validation", "kill"]),
