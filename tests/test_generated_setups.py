@@ -213,8 +213,11 @@ stops = st.builds(
     Stop, kind=st.sampled_from(["sigterm", "sigterm", "validation", "kill", "kill"]), at=st.integers(0, 999)
 )
 # Each process trains on its share of the data: twice the samples give each the batches of the setup in one process.
-ddp_setups = setups().map(
-    lambda setup: replace(setup, processes=2, data={**setup.data, "train_size": 2 * setup.data["train_size"]})
+# A torch BatchSampler is refused under DDP (Lightning would train on batches of 1): tested below.
+ddp_setups = (
+    setups()
+    .filter(lambda setup: setup.data["loader"] != "batch_sampler")
+    .map(lambda setup: replace(setup, processes=2, data={**setup.data, "train_size": 2 * setup.data["train_size"]}))
 )
 ddp_stops = st.builds(
     Stop,
@@ -576,6 +579,16 @@ FOUND_UNDER_DDP = [
 @pytest.mark.parametrize(("setup", "stop", "expected"), FOUND_UNDER_DDP)
 def test_the_ddp_setups_the_generator_found_end_as_they_should(setup, stop, expected, workdir: Path) -> None:
     assert check(setup, stop, workdir) == expected, replay(setup, stop)
+
+
+@pytest.mark.slow
+@pytest.mark.processes
+def test_under_ddp_a_loader_of_a_torch_batch_sampler_is_refused_in_one_line(workdir: Path) -> None:
+    """Lightning would replace the BatchSampler with its distributed sampler and the loader's batch size, None: 1."""
+    setup = Setup(data={"loader": "batch_sampler", "train_size": 200}, trainer={"max_epochs": 1}, processes=2)
+    with pytest.raises(ProjectError, match="trains on batches of 1") as refused:
+        run_processes(setup.args(), workdir / "batch-sampler-under-ddp")
+    assert "\n" not in str(refused.value)
 
 
 @pytest.mark.slow

@@ -35,6 +35,7 @@ USED = (
     ("trainer", "fit_loop._combined_loader_states_to_load"),
     ("trainer", "fit_loop._load_combined_loader_states"),
     ("trainer", "_accelerator_connector.cluster_environment"),
+    ("trainer", "_accelerator_connector.use_distributed_sampler"),
     ("trainer", "_signal_connector.received_sigterm"),
     ("trainer", "_signal_connector._slurm_sigusr_handler_fn"),
     ("trainer", "_logger_connector.should_update_logs"),
@@ -222,6 +223,11 @@ def call_before_batch_hooks(trainer: Trainer, before: Callable[[], None]) -> Cal
 
     plugin.convert_input = before_then_convert  # type: ignore[method-assign]
     return lambda: vars(plugin).pop("convert_input", None)
+
+
+def replaces_samplers(trainer: Trainer) -> bool:
+    """Whether Lightning puts its distributed sampler into the loaders (`--trainer.use_distributed_sampler`)."""
+    return trainer._accelerator_connector.use_distributed_sampler
 
 
 def wrap_train_loader(trainer: Trainer, wrap: Callable[[Any], Any]) -> None:

@@ -18,6 +18,7 @@ from lightning import Trainer
 from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities.seed import isolate_rng
 from torch.utils.data import (
+    BatchSampler,
     DataLoader,
     Dataset,
     DistributedSampler,
@@ -25,6 +26,9 @@ from torch.utils.data import (
     RandomSampler,
     SequentialSampler,
 )
+
+from lightning_template.engine.errors import ConfigError
+from lightning_template.engine.lightning_internals import replaces_samplers
 
 SAMPLERS = ("sampler", "batch_sampler")  # a DataLoader's attributes that order its batches
 
@@ -211,6 +215,15 @@ def resumable_loader(loader: Any, trainer: Trainer) -> tuple[Any, str | None]:
     stateful = callable(getattr(loader, "state_dict", None)) and callable(getattr(loader, "load_state_dict", None))
     if stateful and not (is_stateful_dataloader(loader) and not isinstance(loader.dataset, IterableDataset)):
         return loader, None
+    # DataLoader(batch_sampler=BatchSampler(...)): under DDP Lightning drops the BatchSampler for its distributed
+    # sampler and keeps the loader's batch_size, None, so 1.
+    given = type(getattr(loader, "batch_sampler", None)) is BatchSampler and loader.batch_size is None
+    if given and trainer.world_size > 1 and replaces_samplers(trainer):
+        raise ConfigError(
+            "The training DataLoader takes a torch BatchSampler (batch_sampler=...): under DDP Lightning replaces"
+            " it with its distributed sampler and trains on batches of 1. Give the DataLoader batch_size= and"
+            " sampler= (or shuffle=) instead, or set --trainer.use_distributed_sampler false and shard it yourself."
+        )
     if why := not_rebuildable(loader):
         return loader, why
     sampler = EpochSampler(
