@@ -488,13 +488,26 @@ INSIDE_A_STEP = Setup(  # the best-epoch checkpoint of a validation every 3 batc
 )
 
 
+def fuzzing(examples: int) -> Any:
+    """Hypothesis's settings for `examples` drawn setups: the same fixed set on every machine unless a seed is given,
+    every failure shrunk to its smallest setup and printed."""
+
+    def apply(test: Any) -> Any:
+        return seed(FUZZ_SEED)(
+            settings(
+                max_examples=examples, deadline=None, derandomize=FUZZ_SEED == 0, database=None, print_blob=True,
+                suppress_health_check=[
+                    HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.function_scoped_fixture
+                ],
+                phases=[Phase.generate, Phase.shrink],
+            )(test)
+        )  # fmt: skip
+
+    return apply
+
+
 @pytest.mark.slow
-@seed(FUZZ_SEED)
-@settings(
-    max_examples=EXAMPLES, deadline=None, derandomize=FUZZ_SEED == 0, database=None, print_blob=True,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.function_scoped_fixture],
-    phases=[Phase.generate, Phase.shrink],
-)  # fmt: skip
+@fuzzing(EXAMPLES)
 @given(setup=setups(), stop=stops)
 def test_a_generated_setup_resumes_exactly_or_is_told_why_not(setup: Setup, stop: Stop, workdir: Path) -> None:
     note(replay(setup, stop))
@@ -504,12 +517,7 @@ def test_a_generated_setup_resumes_exactly_or_is_told_why_not(setup: Setup, stop
 
 @pytest.mark.slow
 @pytest.mark.processes
-@seed(FUZZ_SEED)
-@settings(
-    max_examples=DDP_EXAMPLES, deadline=None, derandomize=FUZZ_SEED == 0, database=None, print_blob=True,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.function_scoped_fixture],
-    phases=[Phase.generate, Phase.shrink],
-)  # fmt: skip
+@fuzzing(DDP_EXAMPLES)
 @given(setup=ddp_setups, stop=ddp_stops)
 def test_a_generated_ddp_setup_resumes_exactly_or_is_told_why_not(setup: Setup, stop: Stop, workdir: Path) -> None:
     note(replay(setup, stop))
