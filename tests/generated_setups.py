@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import os
 import signal
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -405,8 +406,21 @@ def outcome(trainer: Trainer) -> dict[str, Any]:
 
 
 class RecordOutcome(Callback):
-    """Each process of a DDP run saves what its run ended with (`outcome`) and the training batches it ran, as
-    `outcome-rank<N>.pt` in the working folder: the test reads them from its own process."""
+    """Each process of a DDP run saves what its run ended with (`outcome`), the training batches it ran and the
+    warnings it gave (each message whole, as the in-process runs catch them), as `outcome-rank<N>.pt` in the working
+    folder: the test reads them from its own process."""
+
+    def __init__(self) -> None:
+        self.warned: list[str] = []
+
+    def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        show = warnings.showwarning
+
+        def record_and_show(message: Warning | str, *args: Any, **kwargs: Any) -> None:
+            self.warned.append(str(message))
+            show(message, *args, **kwargs)
+
+        warnings.showwarning = record_and_show  # the process ends with the run: nothing to put back
 
     def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         if stage != "fit":
@@ -419,7 +433,8 @@ class RecordOutcome(Callback):
             del ended["weights and buffers"]
             ended["weights"] = {name: p.detach().clone() for name, p in pl_module.named_parameters()}
         batches = trainer.fit_loop.total_batch_idx + 1
-        torch.save({"outcome": ended, "batches": batches}, f"outcome-rank{trainer.global_rank}.pt")
+        saved = {"outcome": ended, "batches": batches, "warned": self.warned}
+        torch.save(saved, f"outcome-rank{trainer.global_rank}.pt")
 
 
 class FreezeUntilEpoch(BaseFinetuning):

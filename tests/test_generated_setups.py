@@ -289,11 +289,10 @@ def run_processes(args: list[str], folder: Path) -> tuple[Finished | None, list[
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(process.pid, signal.SIGKILL)
     done = subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
-    told = [line for line in done.stderr.splitlines() if "ExactResume:" in line]
     if done.returncode == 1 and "\nError: " in done.stderr:
         raise ProjectError(done.stderr.partition("\nError: ")[2].partition("\n(--debug")[0])
     if done.returncode == 143:  # stopped at a step boundary
-        return None, told
+        return None, []
     assert done.returncode == 0, f"exit {done.returncode}\n{done.stderr[-4000:]}"
     ranks = [torch.load(path, weights_only=False) for path in sorted(folder.glob("outcome-rank*.pt"))]
     assert len(ranks) == 2, f"{len(ranks)} processes recorded their outcome"
@@ -302,6 +301,7 @@ def run_processes(args: list[str], folder: Path) -> tuple[Finished | None, list[
     same_weights = equal({name: first["weights and buffers"][name] for name in second["weights"]}, second["weights"])
     assert same_weights and equal(first["optimizers"], second["optimizers"]), "the DDP processes ended apart"
     merged = {**first, **{f"rank 1: {k}": v for k, v in second.items()}}
+    told = [message for rank in ranks for message in rank["warned"] if "ExactResume" in message]
     return Finished(merged, ranks[0]["batches"]), told
 
 
@@ -358,6 +358,14 @@ def stop_flags(stop: Stop, ref: Reference) -> list[str] | Path:
     ]
 
 
+def stops_before_the_end(stop: Stop, ref: Reference) -> bool:
+    """Whether a SIGTERM comes with training left after the step it interrupts: a validation with another after it,
+    or a batch with a whole optimizer step (at most 3 micro-batches) after its own. The run must then stop there."""
+    if stop.kind == "validation" and ref.validations:
+        return stop.at % ref.validations < ref.validations - 1
+    return stop.at % ref.batches + 1 <= ref.batches - 3
+
+
 def replay(setup: Setup, stop: Stop) -> str:
     spec = json.dumps({"setup": asdict(setup), "stop": asdict(stop)})
     command = " ".join(["python train.py fit", *(f"'{a}'" if "{" in a else a for a in setup.args())])
@@ -379,7 +387,9 @@ def check(setup: Setup, stop: Stop, root: Path) -> str:
     if isinstance(stopping, Path):  # a hard kill: what is on disk is that file, resumed by its path
         start = f"--ckpt_path={stopping}"
     else:
-        launch(setup, [*setup.args(), *stopping], folder)
+        stopped, _ = launch(setup, [*setup.args(), *stopping], folder)
+        # Otherwise the resume below would start from the run's end, and prove nothing about a stop.
+        assert stopped is None or not stops_before_the_end(stop, ref), f"the stop did not stop it{replay(setup, stop)}"
         start = "--ckpt_path=last"
     try:
         resumed, told = launch(setup, [*setup.args(), start], folder)
