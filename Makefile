@@ -115,13 +115,15 @@ test-%: $(VENV)/.installed-test
 EXAMPLES ?= 200
 SEED ?= 0
 resume-fuzz: $(VENV)/.installed-test
-	RESUME_FUZZ_EXAMPLES=$(EXAMPLES) RESUME_FUZZ_SEED=$(SEED) $(BIN)/python -m pytest tests/test_generated_setups.py \
-		-k generated_setup -p no:logging -q --hypothesis-show-statistics
+	RESUME_FUZZ_EXAMPLES=$(EXAMPLES) RESUME_FUZZ_SEED=$(SEED) $(BIN)/python -m pytest \
+		tests/test_generated_setups.py::test_a_generated_setup_resumes_exactly_or_is_told_why_not \
+		-p no:logging -q --hypothesis-show-statistics
 
 # The same under DDP: 2 processes on the CPU, each run started as `python train.py` (about 25 seconds a setup).
 resume-fuzz-ddp: $(VENV)/.installed-test
-	RESUME_FUZZ_DDP_EXAMPLES=$(EXAMPLES) RESUME_FUZZ_SEED=$(SEED) $(BIN)/python -m pytest tests/test_generated_setups.py \
-		-k generated_ddp_setup -p no:logging -q --hypothesis-show-statistics
+	RESUME_FUZZ_DDP_EXAMPLES=$(EXAMPLES) RESUME_FUZZ_SEED=$(SEED) $(BIN)/python -m pytest \
+		tests/test_generated_setups.py::test_a_generated_ddp_setup_resumes_exactly_or_is_told_why_not \
+		-p no:logging -q --hypothesis-show-statistics
 
 # The setups matrix: the whole exact-resume fault-injection matrix (100 cells, about 5 minutes), with its table, and the
 # CLI resume of every job config and callback preset (about 6 minutes).
