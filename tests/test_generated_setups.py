@@ -488,6 +488,12 @@ STOCHASTIC_AVERAGE = (
         data={"loader": "map", "batch_size": 12, "train_size": 100}, trainer={"max_epochs": 3}, averaging="stochastic"
     )
 )
+STOCHASTIC_AVERAGE_STOPPED_EARLY = Setup(  # early stopping ends the run inside the averaging epochs
+    data={"loader": "map", "batch_size": 12, "train_size": 100},
+    trainer={"accumulate_grad_batches": 2, "max_steps": 7, "limit_train_batches": 0.75},
+    early_stopping=True,
+    averaging="stochastic",
+)
 EXPONENTIAL_AVERAGE = replace(STOCHASTIC_AVERAGE, averaging="exponential")
 STOCHASTIC_AVERAGE_BY_STEPS = replace(
     STOCHASTIC_AVERAGE, trainer={"max_steps": 22, "max_epochs": -1}
@@ -567,6 +573,12 @@ FOUND = [  # each ended otherwise on an earlier version
         Stop("sigterm", 21),
         "warned",
         id="stochastic-average-by-steps-resumed-at-the-runs-end",
+    ),
+    pytest.param(
+        STOCHASTIC_AVERAGE_STOPPED_EARLY,
+        Stop("validation", 1),
+        "warned",
+        id="stochastic-average-resumed-where-early-stopping-ended-the-run",
     ),
     pytest.param(
         EXPONENTIAL_AVERAGE,

@@ -24,6 +24,7 @@ USED = (
     ("trainer", "fit_loop._combined_loader"),
     ("trainer", "fit_loop._data_source"),
     ("trainer", "fit_loop._restarting"),
+    ("trainer", "fit_loop._can_stop_early"),
     ("trainer", "fit_loop.epoch_loop.val_loop._has_run"),
     ("trainer", "fit_loop.epoch_loop._should_check_val_fx"),
     ("trainer", "fit_loop.epoch_loop._batches_that_stepped"),
@@ -86,6 +87,11 @@ def let_lightning_step_plateau_schedulers(trainer: Trainer) -> None:
     stopped: the fit loop skips that step while it is restarting (`fit_loop.on_advance_end`). Called at the epoch's
     `on_train_epoch_end`, before the check; the loop's children keep their own restarting state."""
     trainer.fit_loop._restarting = False
+
+
+def may_stop_early(trainer: Trainer) -> bool:
+    """Whether `--trainer.min_epochs` and `min_steps` let the run stop now, when it is asked to (`should_stop`)."""
+    return trainer.fit_loop._can_stop_early
 
 
 def end_restarted_epoch(trainer: Trainer) -> bool:

@@ -51,6 +51,7 @@ from lightning_template.engine.lightning_internals import (
     let_lightning_step_plateau_schedulers,
     load_train_loader_states,
     mark_saved_at,
+    may_stop_early,
     requeue_slurm_job,
     restored_after_last_batch,
     save_now,
@@ -165,9 +166,11 @@ def warn_skipped_validation(epoch: int, done: int) -> None:
 
 def warn_if_swa_has_ended(trainer: Trainer, at_its_end: bool) -> None:
     """Lightning's StochasticWeightAveraging sets up its schedule in the epochs it runs, and puts its average into the
-    model at the end of training: a run resumed after its last averaging epoch, or at its end, does neither."""
+    model at the end of training: a run resumed after its last averaging epoch, or at its end (reached, or decided
+    by early stopping) once averaging had begun, does neither."""
+    started = trainer.fit_loop.epoch_progress.current.started  # epochs whose on_train_epoch_start ran
     swa = [c for c in trainer.callbacks if isinstance(c, StochasticWeightAveraging)]
-    if any(at_its_end or trainer.current_epoch > c.swa_end for c in swa):
+    if any(trainer.current_epoch > c.swa_end or (at_its_end and started > c.swa_start) for c in swa):
         rank_zero_warn(
             "ExactResume: Lightning's StochasticWeightAveraging, resumed after its last averaging epoch or at the run's"
             " end, does not set up its learning-rate schedule or put its average into the model again: the run is"
@@ -315,13 +318,14 @@ class ExactResume(Callback):
         # nor does this one, where the step's first micro-batches after the resume would write it again.
         for callback in trainer.checkpoint_callbacks:
             mark_saved_at(callback, trainer.global_step)
-        if self._saved.get("should_stop") and early_stopping_decided(trainer):
+        stops_here = bool(self._saved.get("should_stop") and early_stopping_decided(trainer))
+        if stops_here:
             self._stop_as_decided(trainer)
         self._leave_restart = end_restarted_epoch(trainer)
         self._iterate_anew = not trainer.fit_loop.restarted_mid_epoch
         self._restore_plateau_schedulers(trainer)
         self._restore_frozen_parts(trainer)
-        warn_if_swa_has_ended(trainer, at_its_end=False)
+        warn_if_swa_has_ended(trainer, at_its_end=stops_here and may_stop_early(trainer))
         loaded = load_train_loader_states(trainer)
         workers = getattr(trainer.train_dataloader, "num_workers", 0) > 0
         if (loaded or workers) and train_data_fetcher(trainer) is not None:
