@@ -25,10 +25,11 @@ from tests.plain_task import read_images
 
 
 class LitAutoEncoder(LightningModule):
-    def __init__(self, lr: float = 1e-3, returns: str = "tensor") -> None:
+    def __init__(self, lr: float = 1e-3, returns: str = "tensor", lazy: bool = False) -> None:
         super().__init__()
         self.save_hyperparameters()
-        self.encoder = nn.Sequential(nn.Linear(28 * 28, 64), nn.ReLU(), nn.Linear(64, 3))
+        first = nn.LazyLinear(64) if lazy else nn.Linear(28 * 28, 64)  # lazy: its shape set by the first batch
+        self.encoder = nn.Sequential(first, nn.ReLU(), nn.Linear(64, 3))
         self.decoder = nn.Sequential(nn.Linear(3, 64), nn.ReLU(), nn.Linear(64, 28 * 28))
 
     def loss(self, batch) -> torch.Tensor:

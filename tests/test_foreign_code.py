@@ -37,6 +37,7 @@ CELLS = {  # flags, and the reason its training loader cannot continue mid-epoch
     "demo-transformer": ([*TRANSFORMER, *UNMONITORED, "--trainer.limit_train_batches=6"], None),
     "reduce-lr-on-plateau": (AUTOENCODER, None),
     "manual-optimization": (MANUAL, None),
+    "lazy-layers": ([*AUTOENCODER, "--model.lazy=true"], None),
     "two-validation-loaders": (
         [*MANUAL, "--data.val_loaders=2", *PER_LOADER],
         None,
@@ -101,6 +102,16 @@ def test_foreign_code_resumes_exactly_or_says_at_its_start_why_not(cell: str, tm
     assert any(f"but {reason}" in line for line in resumed), resumed
     if cell == "fewer-samples-an-epoch":  # the sampler is the user's: 2 batches an epoch, not a full shuffle
         assert uninterrupted["global_step"] == 4
+
+
+def test_a_model_of_lazy_layers_is_evaluated_from_its_checkpoint_alone(tmp_path: Path, monkeypatch) -> None:
+    """`nn.LazyLinear` has no shape until its first batch: the checkpoint's shapes are what it loads, not a mismatch."""
+    fit(tmp_path, monkeypatch, [*AUTOENCODER, "--model.lazy=true", *RUN, "--trainer.max_epochs=1",
+                                "--trainer.limit_train_batches=2"])  # fmt: skip
+    checkpoint = next(tmp_path.glob("logs/*/*/checkpoints/last.ckpt"))
+    cli = ProjectCLI(args=["validate", f"--ckpt_path={checkpoint}", "--trainer.enable_progress_bar=false"])
+    assert cli.model.encoder[0].weight.shape == (64, 28 * 28)
+    assert "val_loss" in cli.trainer.callback_metrics
 
 
 @pytest.mark.slow

@@ -28,6 +28,7 @@ import yaml
 from lightning import Callback, LightningModule, Trainer
 from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
+from torch.nn.parameter import is_lazy
 
 from lightning_template.engine.errors import ConfigError, MissingFileError
 from lightning_template.engine.lightning_internals import subcommand_parser
@@ -109,11 +110,12 @@ class RunCheckpoint:
         return state if isinstance(state, dict) else None
 
     def mismatched_shapes(self, state_dict: dict[str, torch.Tensor]) -> list[str]:
-        """`name: checkpoint (..) vs model (..)` for each tensor both have with another shape."""
+        """`name: checkpoint (..) vs model (..)` for each tensor both have with another shape. A lazy module's
+        tensors (`nn.LazyLinear`) have no shape before their first forward: loading the checkpoint gives them its."""
         return [
             f"{name}: checkpoint {self.shapes[name]} vs model {tuple(tensor.shape)}"
             for name, tensor in state_dict.items()
-            if name in self.shapes and self.shapes[name] != tuple(tensor.shape)
+            if name in self.shapes and not is_lazy(tensor) and self.shapes[name] != tuple(tensor.shape)
         ]
 
 
