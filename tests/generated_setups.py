@@ -4,8 +4,8 @@ the knobs with Hypothesis and checks that a run stopped anywhere and resumed end
 Nothing of the project is imported: a module, a datamodule and callbacks written as Lightning's and PyTorch's docs
 write them (schedulers of every kind and interval, a scheduler stepped by hand, manual optimization with one or two
 optimizers, a buffer updated every step, an entry of its own in the checkpoint, samplers, batch samplers, an
-IterableDataset, torchdata's StatefulDataLoader, random flips in `__getitem__`). The data are real: Fashion-MNIST
-images pooled to 7x7, 10 classes.
+IterableDataset, torchdata's StatefulDataLoader, random flips in `__getitem__`, random masks in `collate_fn`). The
+data are real: Fashion-MNIST images pooled to 7x7, 10 classes.
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ from torch.utils.data import (
     Subset,
     SubsetRandomSampler,
     WeightedRandomSampler,
+    default_collate,
     get_worker_info,
 )
 
@@ -262,6 +263,12 @@ class PooledStream(IterableDataset):
         return (self.dataset[i] for i in range(start, len(self.dataset), step))
 
 
+def masking_collate(samples: list[tuple[torch.Tensor, torch.Tensor]]) -> list[torch.Tensor]:
+    """torch's collate, then a random 15 % of the batch's features set to 0."""
+    features, labels = default_collate(samples)
+    return [features.masked_fill(torch.rand(features.shape) < 0.15, 0.0), labels]
+
+
 class GeneratedData(LightningDataModule):
     def __init__(
         self,
@@ -272,6 +279,7 @@ class GeneratedData(LightningDataModule):
         num_workers: int = 0,
         augment: bool = False,
         train_size: int = 112,
+        collate: str = "default",
     ) -> None:
         """
         Args:
@@ -286,6 +294,8 @@ class GeneratedData(LightningDataModule):
             num_workers: loader worker processes.
             augment: flip half of the training images at random in `__getitem__`.
             train_size: training samples.
+            collate: the training loaders' collate_fn: default (torch's), masking (a random 15 % of each batch's
+                features set to 0, as a masked language model's collate masks tokens).
         """
         super().__init__()
         self.save_hyperparameters()
@@ -297,6 +307,8 @@ class GeneratedData(LightningDataModule):
     def train_dataloader(self) -> Any:
         h, data = self.hparams, self.train
         workers = {"num_workers": h.num_workers, "persistent_workers": h.num_workers > 0}
+        if h.collate == "masking":
+            workers["collate_fn"] = masking_collate
         if h.loader == "iterable":
             return DataLoader(PooledStream(data), batch_size=h.batch_size, **workers)
         if h.loader == "stateful":

@@ -204,6 +204,8 @@ def setups(draw: st.DrawFn) -> Setup:
     averaging = (
         None if averaging == "stochastic" and (optimization == "manual-two" or (iterable and finetuning)) else averaging
     )
+    if draw(st.booleans()):  # drawn last: the setups drawn before it stay as they were
+        data["collate"] = "masking"
     return Setup(
         model, data, trainer, step_checkpoints, early_stopping, scheduled, finetuning, epoch_checkpoints, averaging
     )
@@ -498,6 +500,10 @@ EXPONENTIAL_AVERAGE = replace(STOCHASTIC_AVERAGE, averaging="exponential")
 STOCHASTIC_AVERAGE_BY_STEPS = replace(
     STOCHASTIC_AVERAGE, trainer={"max_steps": 22, "max_epochs": -1}
 )  # averaged until training ends
+RANDOM_COLLATE = Setup(  # a collate_fn that masks at random, in the main process or in persistent workers
+    data={"loader": "map", "batch_size": 16, "train_size": 112, "collate": "masking"}, trainer={"max_epochs": 2}
+)
+RANDOM_COLLATE_IN_WORKERS = replace(RANDOM_COLLATE, data={**RANDOM_COLLATE.data, "num_workers": 2})
 INSIDE_A_STEP = Setup(  # the best-epoch checkpoint of a validation every 3 batches, accumulating 2
     data={"loader": "map", "batch_size": 12},
     trainer={"accumulate_grad_batches": 2, "val_check_interval": 3, "max_steps": 7},
@@ -573,6 +579,13 @@ FOUND = [  # each ended otherwise on an earlier version
         Stop("sigterm", 21),
         "warned",
         id="stochastic-average-by-steps-resumed-at-the-runs-end",
+    ),
+    pytest.param(RANDOM_COLLATE, Stop("sigterm", 9), "exact", id="random-collate-sigterm-inside-an-epoch"),
+    pytest.param(
+        RANDOM_COLLATE_IN_WORKERS, Stop("sigterm", 9), "exact", id="random-collate-in-workers-inside-an-epoch"
+    ),
+    pytest.param(
+        RANDOM_COLLATE_IN_WORKERS, Stop("sigterm", 6), "exact", id="random-collate-in-workers-at-an-epoch-end"
     ),
     pytest.param(
         STOCHASTIC_AVERAGE_STOPPED_EARLY,

@@ -7,8 +7,9 @@ For any LightningModule and LightningDataModule. What a resumed run must reprodu
   model or datamodule returns (shuffled or not, any batch size, workers) gets one (`resumable_loader`);
 - random numbers of the training step (dropout, on-device augmentation): every batch
   draws from a generator seeded by (seed, epoch, batch, rank), so there is no generator
-  state to save, and each DDP rank has its own stream; random transforms in a dataset's `__getitem__`
-  (in loader workers or not) are seeded per batch or sample (`SeededBatches`, the tasks' `seeded_sample`);
+  state to save, and each DDP rank has its own stream; random transforms in a dataset's `__getitem__` and a
+  loader's `collate_fn` (in loader workers or not) are seeded per batch or sample (`SeededBatches`, the tasks'
+  `seeded_sample`);
 - model, optimizer, scheduler and loop state: Lightning's checkpoint.
 
 Stopping: SIGTERM (cluster pre-emption, `kill`) and the first Ctrl-C stop at the next optimizer-step boundary

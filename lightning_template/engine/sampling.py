@@ -9,7 +9,7 @@ from __future__ import annotations
 import hashlib
 import os
 import random
-from collections.abc import Iterator, Sized
+from collections.abc import Callable, Iterator, Sized
 from typing import Any
 
 import numpy as np
@@ -122,15 +122,17 @@ class EpochSampler(DistributedSampler, ResumesFromLoop):
 
 
 class SeededBatches(Dataset):
-    """A map-style dataset whose batches are fetched with the random state of their first sample's seed.
+    """A map-style dataset whose batches are fetched and collated with the random state of their first sample's seed.
 
-    Random transforms in `__getitem__` then depend on (seed, epoch, batch) alone: not on the number of loader
-    workers, on which worker fetched the batch, or on where a resumed run restarted. Its indices are the
-    (index, seed) pairs of an `EpochSampler(sample_seeds=True)`; every other attribute is the dataset's own.
+    Random transforms in `__getitem__` and in the loader's `collate_fn` (a random crop or mask of the batch) then
+    depend on (seed, epoch, batch) alone: not on the number of loader workers, on which worker fetched the batch, or
+    on where a resumed run restarted. Its indices are the (index, seed) pairs of an `EpochSampler(sample_seeds=True)`;
+    its batches come collated (the loader's `collate_fn` is `collated_already`); every other attribute is the
+    dataset's own.
     """
 
-    def __init__(self, dataset: Dataset) -> None:
-        self.dataset = dataset
+    def __init__(self, dataset: Dataset, collate_fn: Callable[[list[Any]], Any]) -> None:
+        self.dataset, self.collate_fn = dataset, collate_fn
 
     def __len__(self) -> int:
         return len(self.dataset)  # type: ignore[arg-type]
@@ -141,7 +143,9 @@ class SeededBatches(Dataset):
         return getattr(self.dataset, name)
 
     def __getitem__(self, index: tuple[int, int]) -> Any:
-        return self.__getitems__([index])[0]
+        with isolate_rng(include_cuda=False):
+            seed_host(index[1])
+            return self.dataset[index[0]]
 
     def __getitems__(self, indices: list[tuple[int, int]]) -> Any:
         positions, seed = [index for index, _ in indices], indices[0][1]
@@ -149,8 +153,15 @@ class SeededBatches(Dataset):
         with isolate_rng(include_cuda=False):
             seed_host(seed)
             if callable(getattr(self.dataset, "__getitems__", None)):
-                return self.dataset.__getitems__(positions)
-            return [self.dataset[i] for i in positions]
+                samples = self.dataset.__getitems__(positions)
+            else:
+                samples = [self.dataset[i] for i in positions]
+            return self.collate_fn(samples)
+
+
+def collated_already(batch: Any) -> Any:
+    """The collate function of a loader over `SeededBatches`, which collates its batches itself."""
+    return batch
 
 
 def is_stateful_dataloader(loader: Any) -> bool:
@@ -232,8 +243,9 @@ def resumable_loader(loader: Any, trainer: Trainer) -> tuple[Any, str | None]:
     )  # fmt: skip
     workers = loader.num_workers
     rebuilt = DataLoader(
-        SeededBatches(loader.dataset), batch_size=loader.batch_size, sampler=sampler, drop_last=loader.drop_last,
-        num_workers=workers, collate_fn=loader.collate_fn, pin_memory=loader.pin_memory, timeout=loader.timeout,
+        SeededBatches(loader.dataset, loader.collate_fn), batch_size=loader.batch_size, sampler=sampler,
+        drop_last=loader.drop_last, num_workers=workers, collate_fn=collated_already, pin_memory=loader.pin_memory,
+        timeout=loader.timeout,
         worker_init_fn=loader.worker_init_fn,
         multiprocessing_context=loader.multiprocessing_context if workers else None,
         generator=torch.Generator().manual_seed(derive_seed(global_seed(), trainer.global_rank)),
