@@ -20,16 +20,18 @@ from torch.utils.data import (
     WeightedRandomSampler,
     get_worker_info,
 )
+from torchmetrics import MeanMetric
 
 from tests.plain_task import read_images
 
 
 class LitAutoEncoder(LightningModule):
-    def __init__(self, lr: float = 1e-3, returns: str = "tensor", lazy: bool = False) -> None:
+    def __init__(self, lr: float = 1e-3, returns: str = "tensor", lazy: bool = False, epoch_metrics: bool = False):
         super().__init__()
         self.save_hyperparameters()
         first = nn.LazyLinear(64) if lazy else nn.Linear(28 * 28, 64)  # lazy: its shape set by the first batch
         self.encoder = nn.Sequential(first, nn.ReLU(), nn.Linear(64, 3))
+        self.train_mean = MeanMetric()  # epoch_metrics: the epoch's mean loss, as torchmetrics gathers it
         self.decoder = nn.Sequential(nn.Linear(3, 64), nn.ReLU(), nn.Linear(64, 28 * 28))
 
     def loss(self, batch) -> torch.Tensor:
@@ -41,8 +43,16 @@ class LitAutoEncoder(LightningModule):
 
     def training_step(self, batch, batch_idx: int) -> torch.Tensor:
         loss = self.loss(batch)
-        self.log("train_loss", loss)
+        self.log("train_loss", loss, on_epoch=self.hparams.epoch_metrics)
+        if self.hparams.epoch_metrics:  # the epoch's values, each reduced its own way
+            self.log("train_worst", loss, on_step=False, on_epoch=True, reduce_fx="max")
+            self.train_mean.update(loss)
+            self.log("train_mean", self.train_mean, on_step=False, on_epoch=True)
         return loss
+
+    def on_train_batch_end(self, outputs, batch, batch_idx: int) -> None:
+        if self.hparams.epoch_metrics:
+            self.log("train_batches", 1.0, on_step=False, on_epoch=True, reduce_fx="sum")
 
     def validation_step(self, batch, batch_idx: int, dataloader_idx: int = 0) -> None:
         self.log("val_loss", self.loss(batch))

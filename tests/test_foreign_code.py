@@ -104,6 +104,22 @@ def test_foreign_code_resumes_exactly_or_says_at_its_start_why_not(cell: str, tm
         assert uninterrupted["global_step"] == 4
 
 
+@pytest.mark.slow
+def test_epoch_level_training_metrics_of_a_resumed_epoch_are_the_whole_epochs(tmp_path: Path, monkeypatch) -> None:
+    """A mean and a max of `self.log(..., on_epoch=True)`, a sum logged in `on_train_batch_end` and a torchmetrics
+    MeanMetric, logged for the epoch a SIGTERM stopped: the resumed run logs the values of the whole epoch."""
+    args = [*AUTOENCODER, "--model.epoch_metrics=true", *RUN, "--trainer.limit_train_batches=6"]
+    ends = {}
+    for run, flags in (("full", []), ("cut", sigterm_at(epoch=1, batch=2)), ("cut", ["--ckpt_path=last"])):
+        (tmp_path / run).mkdir(exist_ok=True)
+        monkeypatch.chdir(tmp_path / run)
+        with contextlib.suppress(SIGTERMException):
+            ends[run] = ProjectCLI(args=["fit", *args, *flags]).trainer.callback_metrics
+    logged = ("train_loss_epoch", "train_worst", "train_mean", "train_batches")
+    assert ends["full"]["train_batches"] == 6
+    assert {k: float(ends["cut"][k]) for k in logged} == {k: float(ends["full"][k]) for k in logged}
+
+
 def test_a_model_of_lazy_layers_is_evaluated_from_its_checkpoint_alone(tmp_path: Path, monkeypatch) -> None:
     """`nn.LazyLinear` has no shape until its first batch: the checkpoint's shapes are what it loads, not a mismatch."""
     fit(tmp_path, monkeypatch, [*AUTOENCODER, "--model.lazy=true", *RUN, "--trainer.max_epochs=1",

@@ -14,6 +14,7 @@ from typing import Any
 _WHERE = {
     "CSVPredictionWriter": "predictions",
     "CheckpointFacts": "checkpoint",
+    "EpochMetrics": "epoch_metrics",
     "ExactResume": "resume",
     "FiniteLossGuard": "finite_loss",
     "NonFiniteLossError": "finite_loss",

@@ -47,6 +47,7 @@ from lightning_template.engine.checkpoint import (
     restore_datamodule,
 )
 from lightning_template.engine.console import progress_bar, quiet_library_noise
+from lightning_template.engine.epoch_metrics import EpochMetrics
 from lightning_template.engine.errors import ConfigError, MissingFileError, ProjectError
 from lightning_template.engine.finite_loss import FiniteLossGuard
 from lightning_template.engine.lightning_internals import (
@@ -87,16 +88,17 @@ DATA_FACTS = ("num_classes", "input_shape", "vocab_size", "pad_id", "max_length"
 
 
 def installed_callbacks() -> list[Any]:
-    """In every run, whatever the model and data: exact resume with its last.ckpt, the tracker run in each
-    checkpoint, a stop at NaN, a check that monitored metrics are logged, DDP's processes kept the same (parameters
-    unfrozen after DDP wrapped the model) and their clean exit, learning rates in the logs, and the console's
-    progress."""
+    """In every run, whatever the model and data: exact resume with its last.ckpt (and the epoch's training metrics
+    in a checkpoint written inside an epoch), the tracker run in each checkpoint, a stop at NaN, a check that
+    monitored metrics are logged, DDP's processes kept the same (parameters unfrozen after DDP wrapped the model) and
+    their clean exit, learning rates in the logs, and the console's progress."""
     return [
         CheckpointFacts(),  # first: a resume with another seed is refused before ExactResume says it continues
         ExactResume(),
         ProcessGroupTeardown(),
         ThawedParameterSync(),
         ResumeCheckpoint(),
+        EpochMetrics(),
         FiniteLossGuard(),
         MonitoredMetrics(),
         LearningRateMonitor(logging_interval="step"),

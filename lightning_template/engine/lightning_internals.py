@@ -23,6 +23,7 @@ USED = (
     ("trainer", "fit_loop._data_fetcher"),
     ("trainer", "fit_loop._combined_loader"),
     ("trainer", "fit_loop._data_source"),
+    ("trainer", "fit_loop.epoch_loop._results"),
     ("trainer", "fit_loop._restarting"),
     ("trainer", "fit_loop._can_stop_early"),
     ("trainer", "fit_loop.epoch_loop.val_loop._has_run"),
@@ -53,6 +54,36 @@ USED = (
     ("LightningCLI", "_parser"),
     ("call", "_call_callback_hooks"),
 )
+
+
+def epoch_sums(trainer: Trainer) -> dict[str, dict[str, Any]]:
+    """What `self.log(value, on_epoch=True)` in training has reduced so far this epoch: {Lightning's key: {"value":
+    its running sum (of value x batch size for a mean), max or min, "count": the samples of a mean}}. Not what
+    `on_train_start` logged, which a resumed run logs again."""
+    sums = {}
+    for key, result in trainer.fit_loop.epoch_loop._results.items():
+        if result.is_tensor and result.meta.on_epoch and result.update_called and result.meta.fx != "on_train_start":
+            count = result.cumulated_batch_size.clone().cpu() if result.meta.is_mean_reduction else None
+            sums[key] = {"value": result.value.detach().clone().cpu(), "count": count}
+    return sums
+
+
+def add_epoch_sums(trainer: Trainer, sums: dict[str, dict[str, Any]]) -> None:
+    """Fold the `epoch_sums` of the run that was stopped into the values this run has logged since, taking out of
+    `sums` those it folds. Each is folded after its first update here, where the reduction holds this run's first
+    value alone: the saved sum then comes first, as Lightning reduces them in the run never stopped."""
+    results = trainer.fit_loop.epoch_loop._results
+    for key in [key for key in sums if key in results]:
+        saved, result = sums.pop(key), results[key]
+        value = saved["value"].to(result.value.device)
+        if result.meta.is_mean_reduction:
+            result.value = value + result.value
+            result.cumulated_batch_size = saved["count"].to(value.device) + result.cumulated_batch_size
+        elif result.meta.is_sum_reduction:
+            result.value = value + result.value
+        else:  # max or min
+            result.value = result.meta.reduce_fx(value, result.value)
+        result._computed = None
 
 
 def closes_accumulation_window(trainer: Trainer) -> bool:
