@@ -496,6 +496,11 @@ STOCHASTIC_AVERAGE_STOPPED_EARLY = Setup(  # early stopping ends the run inside 
     early_stopping=True,
     averaging="stochastic",
 )
+STOCHASTIC_AVERAGE_LAST_EPOCH_END = Setup(  # stopped at the last epoch's end, averaging since that epoch
+    data={"loader": "map", "batch_size": 12, "train_size": 100},
+    trainer={"max_epochs": 2, "check_val_every_n_epoch": 2},
+    averaging="stochastic",
+)
 EXPONENTIAL_AVERAGE = replace(STOCHASTIC_AVERAGE, averaging="exponential")
 STOCHASTIC_AVERAGE_BY_STEPS = replace(
     STOCHASTIC_AVERAGE, trainer={"max_steps": 22, "max_epochs": -1}
@@ -592,6 +597,12 @@ FOUND = [  # each ended otherwise on an earlier version
         Stop("validation", 1),
         "warned",
         id="stochastic-average-resumed-where-early-stopping-ended-the-run",
+    ),
+    pytest.param(
+        STOCHASTIC_AVERAGE_LAST_EPOCH_END,
+        Stop("validation", 0),
+        "warned",
+        id="stochastic-average-resumed-at-the-last-epochs-end",
     ),
     pytest.param(
         EXPONENTIAL_AVERAGE,

@@ -165,6 +165,14 @@ def warn_skipped_validation(epoch: int, done: int) -> None:
     )
 
 
+def starts_no_epoch(trainer: Trainer) -> bool:
+    """Resumed after the last batch of the run's last epoch (`max_epochs`), or at its end: the run starts no epoch, and
+    continues none from its middle."""
+    epochs = trainer.fit_loop.epoch_progress.current
+    batches_left = epochs.started > epochs.processed and not epoch_ran_out(trainer)
+    return not batches_left and 0 < (trainer.max_epochs or 0) <= max(epochs.started, epochs.processed)
+
+
 def warn_if_swa_has_ended(trainer: Trainer, at_its_end: bool) -> None:
     """Lightning's StochasticWeightAveraging sets up its schedule in the epochs it runs, and puts its average into the
     model at the end of training: a run resumed after its last averaging epoch, or at its end (reached, or decided
@@ -326,7 +334,8 @@ class ExactResume(Callback):
         self._iterate_anew = not trainer.fit_loop.restarted_mid_epoch
         self._restore_plateau_schedulers(trainer)
         self._restore_frozen_parts(trainer)
-        warn_if_swa_has_ended(trainer, at_its_end=stops_here and may_stop_early(trainer))
+        at_its_end = (stops_here and may_stop_early(trainer)) or starts_no_epoch(trainer)
+        warn_if_swa_has_ended(trainer, at_its_end=at_its_end)
         loaded = load_train_loader_states(trainer)
         workers = getattr(trainer.train_dataloader, "num_workers", 0) > 0
         if (loaded or workers) and train_data_fetcher(trainer) is not None:
