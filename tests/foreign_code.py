@@ -8,7 +8,7 @@ they ship."""
 from __future__ import annotations
 
 import torch
-from lightning import LightningDataModule, LightningModule
+from lightning import Callback, LightningDataModule, LightningModule, Trainer
 from torch import nn
 from torch.nn import functional as F
 from torch.utils.data import (
@@ -20,7 +20,7 @@ from torch.utils.data import (
     WeightedRandomSampler,
     get_worker_info,
 )
-from torchmetrics import MeanMetric
+from torchmetrics import MeanMetric, MinMetric
 
 from tests.plain_task import read_images
 
@@ -31,7 +31,9 @@ class LitAutoEncoder(LightningModule):
         self.save_hyperparameters()
         first = nn.LazyLinear(64) if lazy else nn.Linear(28 * 28, 64)  # lazy: its shape set by the first batch
         self.encoder = nn.Sequential(first, nn.ReLU(), nn.Linear(64, 3))
-        self.train_mean = MeanMetric()  # epoch_metrics: the epoch's mean loss, as torchmetrics gathers it
+        # epoch_metrics: the epoch's mean losses, as torchmetrics gathers them, and the lowest validation loss so far
+        self.train_mean, self.val_mean, self.lowest_val = MeanMetric(), MeanMetric(), MinMetric()
+        self.epoch_metrics = epoch_metrics
         self.decoder = nn.Sequential(nn.Linear(3, 64), nn.ReLU(), nn.Linear(64, 28 * 28))
 
     def loss(self, batch) -> torch.Tensor:
@@ -43,19 +45,28 @@ class LitAutoEncoder(LightningModule):
 
     def training_step(self, batch, batch_idx: int) -> torch.Tensor:
         loss = self.loss(batch)
-        self.log("train_loss", loss, on_epoch=self.hparams.epoch_metrics)
-        if self.hparams.epoch_metrics:  # the epoch's values, each reduced its own way
+        self.log("train_loss", loss, on_epoch=self.epoch_metrics)
+        if self.epoch_metrics:  # the epoch's values, each reduced its own way
             self.log("train_worst", loss, on_step=False, on_epoch=True, reduce_fx="max")
             self.train_mean.update(loss)
             self.log("train_mean", self.train_mean, on_step=False, on_epoch=True)
         return loss
 
     def on_train_batch_end(self, outputs, batch, batch_idx: int) -> None:
-        if self.hparams.epoch_metrics:
+        if self.epoch_metrics:
             self.log("train_batches", 1.0, on_step=False, on_epoch=True, reduce_fx="sum")
 
     def validation_step(self, batch, batch_idx: int, dataloader_idx: int = 0) -> None:
-        self.log("val_loss", self.loss(batch))
+        loss = self.loss(batch)
+        self.log("val_loss", loss)
+        if self.epoch_metrics:
+            self.val_mean.update(loss)
+            self.log("val_mean", self.val_mean)
+            self.lowest_val.update(loss)
+
+    def on_validation_epoch_end(self) -> None:
+        if self.epoch_metrics:  # gathered across epochs, never reset (lightning-hydra-template's best so far)
+            self.log("lowest_val", self.lowest_val.compute())
 
     def predict_step(self, batch, batch_idx: int, dataloader_idx: int = 0):
         x, label = batch
@@ -72,6 +83,18 @@ class LitAutoEncoder(LightningModule):
         optimizer = torch.optim.Adam(self.parameters(), lr=self.hparams.lr)
         scheduler = torch.optim.lr_scheduler.ReduceLROnPlateau(optimizer, factor=0.5, patience=0)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "monitor": "val_loss"}}
+
+
+class EpochValues(Callback):
+    """What each epoch logged, as `callback_metrics` hold it when the next epoch starts and when training ends."""
+
+    def __init__(self) -> None:
+        self.logged: list[dict[str, float]] = []
+
+    def on_train_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self.logged.append({k: float(v) for k, v in sorted(trainer.callback_metrics.items()) if v.numel() == 1})
+
+    on_train_end = on_train_epoch_start
 
 
 class ManualAutoEncoder(LitAutoEncoder):

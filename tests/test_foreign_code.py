@@ -19,6 +19,7 @@ from lightning_template.engine.errors import ConfigError, InterfaceError
 from lightning_template.tasks.classification.data.fortunes import FORTUNES_DIR
 
 from tests.conftest import last_checkpoint, sigterm_at
+from tests.foreign_code import EpochValues
 from tests.helpers import same_state
 
 RUN = [
@@ -105,19 +106,35 @@ def test_foreign_code_resumes_exactly_or_says_at_its_start_why_not(cell: str, tm
 
 
 @pytest.mark.slow
-def test_epoch_level_training_metrics_of_a_resumed_epoch_are_the_whole_epochs(tmp_path: Path, monkeypatch) -> None:
-    """A mean and a max of `self.log(..., on_epoch=True)`, a sum logged in `on_train_batch_end` and a torchmetrics
-    MeanMetric, logged for the epoch a SIGTERM stopped: the resumed run logs the values of the whole epoch."""
-    args = [*AUTOENCODER, "--model.epoch_metrics=true", *RUN, "--trainer.limit_train_batches=6"]
-    ends = {}
-    for run, flags in (("full", []), ("cut", sigterm_at(epoch=1, batch=2)), ("cut", ["--ckpt_path=last"])):
+def test_epoch_level_metrics_of_a_run_resumed_twice_are_the_run_never_stopped(tmp_path: Path, monkeypatch) -> None:
+    """A mean and a max of `self.log(..., on_epoch=True)`, a sum logged in `on_train_batch_end`, torchmetrics metrics
+    logged by training and by a validation every 3 batches, and a lowest validation loss gathered across epochs: a run
+    stopped twice in one epoch (before and after a validation inside it) logs what the run never stopped logs."""
+    args = [
+        *AUTOENCODER, "--model.epoch_metrics=true", *RUN, "--trainer.max_epochs=3", "--trainer.limit_train_batches=6",
+        "--trainer.val_check_interval=3", "--trainer.callbacks+=tests.foreign_code.EpochValues",
+    ]  # fmt: skip
+    runs = {}
+    for run, flags in (
+        ("full", []),
+        ("cut", sigterm_at(epoch=1, batch=1)),
+        ("cut", [*sigterm_at(epoch=1, batch=4), "--ckpt_path=last"]),
+        ("cut", ["--ckpt_path=last"]),
+    ):
         (tmp_path / run).mkdir(exist_ok=True)
         monkeypatch.chdir(tmp_path / run)
         with contextlib.suppress(SIGTERMException):
-            ends[run] = ProjectCLI(args=["fit", *args, *flags]).trainer.callback_metrics
-    logged = ("train_loss_epoch", "train_worst", "train_mean", "train_batches")
-    assert ends["full"]["train_batches"] == 6
-    assert {k: float(ends["cut"][k]) for k in logged} == {k: float(ends["full"][k]) for k in logged}
+            runs[run] = ProjectCLI(args=["fit", *args, *flags]).trainer.callbacks
+    full, cut = (next(c.logged for c in runs[run] if isinstance(c, EpochValues)) for run in ("full", "cut"))
+    assert full[1]["train_batches"] == 6 and {"train_worst", "train_mean", "val_mean", "lowest_val"} <= full[1].keys()
+    assert cut == full[-2:]  # epoch 1, stopped twice, when epoch 2 starts; epoch 2 at the end
+
+
+def test_a_plain_loader_overfits_a_few_batches(tmp_path: Path, monkeypatch) -> None:
+    """`--trainer.overfit_batches` puts Lightning's sequential sampler into the loader the engine rebuilt."""
+    monkeypatch.chdir(tmp_path)
+    cli = ProjectCLI(args=["fit", *AUTOENCODER, *RUN, "--trainer.overfit_batches=2", "--trainer.max_epochs=1"])
+    assert cli.trainer.global_step == 2
 
 
 def test_a_model_of_lazy_layers_is_evaluated_from_its_checkpoint_alone(tmp_path: Path, monkeypatch) -> None:

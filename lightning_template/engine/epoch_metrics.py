@@ -1,79 +1,104 @@
 """The epoch-level training metrics of a run resumed in the middle of an epoch: the values of the whole epoch, as in the
 run never stopped, not of the batches after the resume.
 
-What an epoch-level training metric has gathered so far lives outside the checkpoint: in a torchmetrics metric of the
-module (`self.train_acc = MulticlassAccuracy(...)`, whose states are not in its `state_dict` unless made persistent)
-and in Lightning's running reduction of what `self.log(..., on_epoch=True)` logs. A checkpoint written inside an
-epoch holds both here; a run resumed from it puts them back, so a metric logged for that epoch, and what monitors it
-(a ReduceLROnPlateau, early stopping, a checkpoint on a training metric), is the run's own.
+What a metric has gathered so far lives outside the checkpoint: in the module's torchmetrics metrics (their states
+are in no `state_dict` unless made persistent), and in Lightning's running reduction of each value that `self.log(...,
+on_epoch=True)` logs in training. A checkpoint holds both: the states of every torchmetrics metric of the module that
+has gathered something, but those Lightning is about to reset (the ones validation logs as objects, and at an epoch's
+end those training logs), and, written inside an epoch, Lightning's reductions. A run resumed there starts from them,
+so a metric logged for that epoch, and what monitors it (a ReduceLROnPlateau, early stopping, a checkpoint on a
+training metric), is the run's own, and a metric gathered across epochs (a best accuracy so far) goes on. Where that
+cannot be, the run says so in one line: under DDP (each process gathered its own; the checkpoint holds one
+process's), resumed after the epoch's last batch, or for a value the resumed epoch does not log again (logged in
+`on_train_epoch_start`, or at some batches only).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-import torch
 from lightning import Callback, LightningModule, Trainer
 from lightning.pytorch.utilities import rank_zero_warn
 from torchmetrics import Metric
 
-from lightning_template.engine.lightning_internals import add_epoch_sums, epoch_sums
+from lightning_template.engine.lightning_internals import (
+    add_epoch_sums,
+    epoch_sums,
+    load_metric_state,
+    metric_state,
+    metrics_lightning_resets,
+)
+from lightning_template.engine.resume import epoch_ran_out
 from lightning_template.engine.sampling import fit_position
 
 
-def _cpu(state: torch.Tensor | list[torch.Tensor]) -> Any:
-    return [t.detach().cpu() for t in state] if isinstance(state, list) else state.detach().cpu()
+def _names(keys: Any) -> str:
+    """Lightning's keys (`training_step.train_loss`) as the names logged (`train_loss`)."""
+    return ", ".join(sorted({key.split(".")[1] if "." in key else key for key in keys}))
 
 
 class EpochMetrics(Callback):
-    """Saves, in a checkpoint written inside a training epoch, the states of the module's torchmetrics metrics and
-    Lightning's running sums of the epoch's logged values; a run resumed there starts from them (one process: under
-    DDP each process gathered its own, and the checkpoint holds rank 0's, which the resume says in one line)."""
+    """Saves, in a checkpoint written inside a training epoch, what the epoch's training metrics have gathered; a run
+    resumed there starts from it (see the module's docstring)."""
 
     def __init__(self) -> None:
         self._trainer: Trainer | None = None
         self._saved: dict[str, Any] = {}
-        self._sums: dict[str, Any] = {}  # Lightning's sums not yet folded into this run's
+        self._sums: dict[str, Any] = {}  # Lightning's reductions of the stopped run, until this run logs them again
+        self._restored: dict[str, Any] = {}  # {name: metric} that training logs, given back: saved until logged again
 
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         self._trainer = trainer
 
     def state_dict(self) -> dict[str, Any]:
         trainer = self._trainer
-        epochs = trainer.fit_loop.epoch_progress.current if trainer is not None else None
-        if epochs is None or trainer.lightning_module is None or epochs.started == epochs.processed:
-            return {}  # between epochs: the next one starts from nothing
+        if trainer is None or trainer.lightning_module is None:
+            return {}
+        epochs = trainer.fit_loop.epoch_progress.current
+        inside_an_epoch = epochs.started > epochs.processed
+        add_epoch_sums(trainer, self._sums)  # what this run has logged since a resume, with what came before it
+        training, validation = (set(map(id, metrics)) for metrics in metrics_lightning_resets(trainer))
+        training |= set(map(id, self._restored.values()))
+        reset_now = validation | (set() if inside_an_epoch else training)
         metrics = {
-            name: {state: _cpu(value) for state, value in metric.metric_state.items()}
-            for name, metric in trainer.lightning_module.named_modules()
-            if isinstance(metric, Metric) and metric.update_called
+            name: {**metric_state(module), "logged": id(module) in training}
+            for name, module in trainer.lightning_module.named_modules()
+            if isinstance(module, Metric) and module.update_called and id(module) not in reset_now
         }
-        return {"position": fit_position(trainer), "metrics": metrics, "sums": epoch_sums(trainer)}
+        sums = {**self._sums, **epoch_sums(trainer)} if inside_an_epoch else {}
+        return {"position": fit_position(trainer), "metrics": metrics, "sums": sums}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self._saved = state_dict
 
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        saved, self._saved, self._sums = self._saved, {}, {}
+        saved, self._saved, self._sums, self._restored = self._saved, {}, {}, {}
         if not saved or saved["position"] != fit_position(trainer) or not (saved["metrics"] or saved["sums"]):
             return
-        if trainer.world_size > 1:
+        epochs = trainer.fit_loop.epoch_progress.current
+        inside_an_epoch = epochs.started > epochs.processed
+        if trainer.world_size > 1 or (inside_an_epoch and epoch_ran_out(trainer)):
+            why = (
+                "each process gathered its own, and the checkpoint holds one process's"
+                if trainer.world_size > 1
+                else "it was written after the epoch's last batch, which leaves none to log them with"
+            )
             rank_zero_warn(
-                f"ExactResume: under DDP, the epoch-level training metrics of epoch {trainer.current_epoch}"
-                " (torchmetrics states, `self.log(..., on_epoch=True)`) restart from the resume: each process gathered"
-                " its own, and the checkpoint holds one process's."
+                f"ExactResume: epoch {trainer.current_epoch}'s metrics ({_names([*saved['sums'], *saved['metrics']])})"
+                f" are not the run's after this resume: {why}."
             )
             return
-        modules = dict(pl_module.named_modules())
-        for name, states in saved["metrics"].items():
-            metric = modules.get(name)
-            for state, value in states.items() if isinstance(metric, Metric) else ():
-                device = metric.device
-                setattr(metric, state, [t.to(device) for t in value] if isinstance(value, list) else value.to(device))
+        modules = {
+            name: m for name, m in pl_module.named_modules() if name in saved["metrics"] and isinstance(m, Metric)
+        }
+        for name, metric in modules.items():
+            load_metric_state(metric, saved["metrics"][name])
+        self._restored = {name: metric for name, metric in modules.items() if saved["metrics"][name]["logged"]}
         self._sums = dict(saved["sums"])
 
-    # Lightning's sums are folded in once this run has logged each value a first time: after a batch's training_step
-    # (and its on_train_batch_start), or the module's on_train_batch_end (seen at the next batch, or the epoch's end).
+    # Lightning's reductions are folded in once this run has logged each value a first time: after a batch's
+    # training_step (and its on_train_batch_start), or the module's on_train_batch_end (seen at the next batch, or at
+    # the epoch's end).
     def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, *args: Any) -> None:
         if self._sums:
             add_epoch_sums(trainer, self._sums)
@@ -81,6 +106,15 @@ class EpochMetrics(Callback):
     on_train_batch_end = on_train_batch_start  # type: ignore[assignment]
 
     def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        if self._sums:
-            add_epoch_sums(trainer, self._sums)
-            self._sums = {}  # a value the resumed epoch never logged again is not carried into the next one
+        add_epoch_sums(trainer, self._sums)
+        logged = set(map(id, metrics_lightning_resets(trainer)[0]))
+        unlogged = {name: metric for name, metric in self._restored.items() if id(metric) not in logged}
+        for metric in unlogged.values():  # Lightning resets only what it logged: not carried into the next epoch
+            metric.reset()
+        if self._sums or unlogged:
+            rank_zero_warn(
+                f"ExactResume: {_names([*self._sums, *unlogged])}, logged for epoch {trainer.current_epoch} before the"
+                " resume and not since (in on_train_epoch_start, which Lightning does not run again for an epoch"
+                " resumed in its middle, or at some batches only), are not logged for it."
+            )
+        self._sums, self._restored = {}, {}

@@ -24,6 +24,7 @@ USED = (
     ("trainer", "fit_loop._combined_loader"),
     ("trainer", "fit_loop._data_source"),
     ("trainer", "fit_loop.epoch_loop._results"),
+    ("trainer", "fit_loop.epoch_loop.val_loop._results"),
     ("trainer", "fit_loop._restarting"),
     ("trainer", "fit_loop._can_stop_early"),
     ("trainer", "fit_loop.epoch_loop.val_loop._has_run"),
@@ -71,7 +72,8 @@ def epoch_sums(trainer: Trainer) -> dict[str, dict[str, Any]]:
 def add_epoch_sums(trainer: Trainer, sums: dict[str, dict[str, Any]]) -> None:
     """Fold the `epoch_sums` of the run that was stopped into the values this run has logged since, taking out of
     `sums` those it folds. Each is folded after its first update here, where the reduction holds this run's first
-    value alone: the saved sum then comes first, as Lightning reduces them in the run never stopped."""
+    value alone: the saved sum then comes first, as Lightning reduces them in the run never stopped (a value logged
+    twice in one hook before it is folded is reduced in another order: equal to rounding)."""
     results = trainer.fit_loop.epoch_loop._results
     for key in [key for key in sums if key in results]:
         saved, result = sums.pop(key), results[key]
@@ -84,6 +86,33 @@ def add_epoch_sums(trainer: Trainer, sums: dict[str, dict[str, Any]]) -> None:
         else:  # max or min
             result.value = result.meta.reduce_fx(value, result.value)
         result._computed = None
+
+
+def metrics_lightning_resets(trainer: Trainer) -> tuple[list[Any], list[Any]]:
+    """The torchmetrics metrics that `self.log(name, metric)` hands to Lightning, which computes and resets them: those
+    training logs (at the epoch's end), and those validation logs (at the validation's end)."""
+    loop = trainer.fit_loop.epoch_loop
+    training, validation = (
+        [result.value for result in results.values() if not result.is_tensor]
+        for results in (loop._results, loop.val_loop._results)
+    )
+    return training, validation
+
+
+def metric_state(metric: Any) -> dict[str, Any]:
+    """What a torchmetrics metric has gathered: its states, and its count of updates (which its reduction of a
+    state by mean weighs the states with)."""
+    cpu = lambda t: t.detach().cpu()  # noqa: E731
+    states = {k: [cpu(t) for t in v] if isinstance(v, list) else cpu(v) for k, v in metric.metric_state.items()}
+    return {"states": states, "updates": metric._update_count}
+
+
+def load_metric_state(metric: Any, saved: dict[str, Any]) -> None:
+    """Give a torchmetrics metric the `metric_state` it had, on its device."""
+    device = metric.device
+    for name, value in saved["states"].items():
+        setattr(metric, name, [t.to(device) for t in value] if isinstance(value, list) else value.to(device))
+    metric._update_count, metric._computed = saved["updates"], None
 
 
 def closes_accumulation_window(trainer: Trainer) -> bool:

@@ -126,28 +126,32 @@ class SeededBatches(Dataset):
 
     Random transforms in `__getitem__` and in the loader's `collate_fn` (a random crop or mask of the batch) then
     depend on (seed, epoch, batch) alone: not on the number of loader workers, on which worker fetched the batch, or
-    on where a resumed run restarted. Its indices are the (index, seed) pairs of an `EpochSampler(sample_seeds=True)`;
-    its batches come collated (the loader's `collate_fn` is `collated_already`); every other attribute is the
-    dataset's own.
+    on where a resumed run restarted. Its indices are the (index, seed) pairs of an `EpochSampler(sample_seeds=True)`
+    (plain indices, from a sampler Lightning puts in for `--trainer.overfit_batches`, are fetched unseeded); its
+    batches come collated (the loader's `collate_fn` is `collated_already`); every other attribute is the dataset's.
     """
 
     def __init__(self, dataset: Dataset, collate_fn: Callable[[list[Any]], Any]) -> None:
-        self.dataset, self.collate_fn = dataset, collate_fn
+        self.dataset, self.collate_batch = dataset, collate_fn
 
     def __len__(self) -> int:
         return len(self.dataset)  # type: ignore[arg-type]
 
     def __getattr__(self, name: str) -> Any:
-        if name == "dataset":  # not set yet (unpickling in a worker)
+        if name in ("dataset", "collate_batch"):  # not set yet (unpickling in a worker)
             raise AttributeError(name)
         return getattr(self.dataset, name)
 
-    def __getitem__(self, index: tuple[int, int]) -> Any:
+    def __getitem__(self, index: tuple[int, int] | int) -> Any:
+        if not isinstance(index, tuple):
+            return self.dataset[index]
         with isolate_rng(include_cuda=False):
             seed_host(index[1])
             return self.dataset[index[0]]
 
-    def __getitems__(self, indices: list[tuple[int, int]]) -> Any:
+    def __getitems__(self, indices: list[tuple[int, int]] | list[int]) -> Any:
+        if not isinstance(indices[0], tuple):
+            return self.collate_batch([self.dataset[i] for i in indices])
         positions, seed = [index for index, _ in indices], indices[0][1]
         # The main process's own streams are not touched by data loading (a fetch that raises ends the run).
         with isolate_rng(include_cuda=False):
@@ -156,7 +160,7 @@ class SeededBatches(Dataset):
                 samples = self.dataset.__getitems__(positions)
             else:
                 samples = [self.dataset[i] for i in positions]
-            return self.collate_fn(samples)
+            return self.collate_batch(samples)
 
 
 def collated_already(batch: Any) -> Any:
