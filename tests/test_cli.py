@@ -138,7 +138,8 @@ def test_validate_reproduces_best_checkpoint_score(fitted: tuple[Path, str]) -> 
 @pytest.mark.slow
 def test_a_config_of_model_and_data_alone_resumes_exactly(tmp_path: Path, monkeypatch, fashion_mnist_dir) -> None:
     """The defaults and the CLI supply everything resume needs: a SIGTERM mid-epoch (a real process, stopped
-    with exit status 143), then --ckpt_path last (here in-process, like the uninterrupted reference)."""
+    with exit status 143), then --ckpt_path last (here in-process, like the uninterrupted reference); the weights,
+    the logged steps and the stopped epoch's training accuracy are the run's never stopped."""
     (tmp_path / "mine.yaml").write_text(
         "model: lightning_template.tasks.classification.SimpleCNN\n"
         "data:\n  class_path: lightning_template.tasks.classification.FashionMNISTDataModule\n"
@@ -151,7 +152,7 @@ def test_a_config_of_model_and_data_alone_resumes_exactly(tmp_path: Path, monkey
     ]  # fmt: skip
     (tmp_path / "full").mkdir()
     monkeypatch.chdir(tmp_path / "full")
-    ProjectCLI(args=[a if a != "mine.yaml" else "../mine.yaml" for a in args])
+    uninterrupted = ProjectCLI(args=[a if a != "mine.yaml" else "../mine.yaml" for a in args])
     monkeypatch.chdir(tmp_path)
     stop = ["--trainer.callbacks+=tests.helpers.SignalAtBatch", "--trainer.callbacks.epoch=1",
             "--trainer.callbacks.batch=4", "--trainer.callbacks.signum=15"]  # fmt: skip
@@ -163,7 +164,10 @@ def test_a_config_of_model_and_data_alone_resumes_exactly(tmp_path: Path, monkey
         timeout=300,
     )
     assert stopped.returncode == 143, stopped.stderr[-2000:]  # 128 + SIGTERM: stopped, not finished
-    ProjectCLI(args=[*args, "--ckpt_path=last"])
+    resumed_cli = ProjectCLI(args=[*args, "--ckpt_path=last"])
+    # The stopped epoch's training accuracy counts its batches before the stop too.
+    accuracy = [float(cli.trainer.callback_metrics["train_acc"]) for cli in (uninterrupted, resumed_cli)]
+    assert accuracy[0] == accuracy[1]
     load = lambda d: torch.load(d / "logs/mine/version_0/checkpoints/last.ckpt", weights_only=True)  # noqa: E731
     full, resumed = load(tmp_path / "full"), load(tmp_path)
     assert resumed["global_step"] == full["global_step"] == 20

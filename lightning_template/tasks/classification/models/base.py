@@ -39,6 +39,7 @@ from lightning_template.tasks.optim import (
 )
 
 Part = Literal["head", "backbone"]
+PREDICTIONS_KEY = "train_predictions"  # the checkpoint's entry of the epoch's predictions so far
 
 
 class EvalOutput(TypedDict):
@@ -139,7 +140,7 @@ class ClassificationModule(LightningModule):
         if self.trainer.is_last_batch:
             predicted, labels = zip(*self.train_predictions, strict=True)
             self.train_predictions.clear()
-            self.train_acc.update(torch.cat(predicted), torch.cat(labels))
+            self.train_acc.update(*(torch.cat([t.to(logits.device) for t in part]) for part in (predicted, labels)))
             # Logged once per epoch (Lightning computes, syncs across ranks and resets the metric at the epoch's
             # end): handing the metric to `self.log` in every step costs more than a small step. Logged in
             # the last step, not in on_train_epoch_end, which runs after the callbacks' (the console's epoch line).
@@ -203,6 +204,14 @@ class ClassificationModule(LightningModule):
         # a deployed model reads them as evaluation did, without the training data.
         if isinstance(self.trainer.datamodule, ServableData):
             checkpoint[SPEC_KEY] = self.trainer.datamodule.serving_spec()
+        # The epoch's predictions so far, which train_acc counts at its end: a run resumed in the middle of the epoch
+        # counts the whole epoch's.
+        checkpoint[PREDICTIONS_KEY] = [(predicted.cpu(), true.cpu()) for predicted, true in self.train_predictions]
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        # Under DDP each process has its own, and the checkpoint holds rank 0's: each counts from the resume.
+        if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+            self.train_predictions = list(checkpoint.get(PREDICTIONS_KEY, []))
 
     def parameter_groups(self, part: Part) -> list[dict[str, Any]]:
         """The trainable parameters of the classifier (`head`) or of the rest (`backbone`), as a group
