@@ -151,8 +151,7 @@ def test_ranks_draw_their_own_random_numbers_reproducibly() -> None:
 @pytest.mark.slow
 @pytest.mark.matrix  # nightly (make matrix)
 def test_ddp_run_stopped_by_sigterm_resumes_exactly(tmp_path: Path, fashion_mnist_dir) -> None:
-    """SIGTERM to rank 0 mid-epoch: both ranks stop at the same step; the resumed run equals one never stopped, and
-    says that the epoch's training accuracy restarts (each process gathered its own)."""
+    """SIGTERM to rank 0 mid-epoch: both ranks stop at the same step; the resumed run equals one never stopped."""
     args = [
         "fit", *COMMON, *TWO_CPU_PROCESSES, "--trainer.devices=2", "--data.batch_size=32", "--model.dropout=0.25",
         "--data.augment=true", "--test_after_fit=false",
@@ -171,6 +170,5 @@ def test_ddp_run_stopped_by_sigterm_resumes_exactly(tmp_path: Path, fashion_mnis
     assert stopped.returncode == 143, stopped.stderr[-3000:]
     checkpoint = torch.load(tmp_path / "logs/simple_cnn_classic/version_0/checkpoints/last.ckpt", weights_only=True)
     assert checkpoint["global_step"] == 4  # rank 0 signalled after batch 3: both ranks stopped there
-    resumed = run_cli(*args, "--ckpt_path=last", cwd=tmp_path)
+    run_cli(*args, "--ckpt_path=last", cwd=tmp_path)
     assert max_difference(_final_state(tmp_path / "full"), _final_state(tmp_path)) == 0.0
-    assert "ExactResume: under DDP, the epoch-level training metrics of epoch 0" in resumed.stderr
