@@ -36,6 +36,7 @@ from torch.utils.data import (
     default_collate,
     get_worker_info,
 )
+from torchmetrics import MeanMetric
 
 from tests.plain_task import read_images
 
@@ -74,6 +75,7 @@ class GeneratedModule(LightningModule):
         hook_draws: bool = False,
         batch_norm: bool = False,
         scheduled_accumulation: bool = False,
+        epoch_metrics: bool = False,
         lr: float = 0.05,
     ) -> None:
         """
@@ -94,6 +96,7 @@ class GeneratedModule(LightningModule):
             batch_norm: a BatchNorm layer in the hidden layer.
             scheduled_accumulation: a GradientAccumulationScheduler of the module's (`configure_callbacks`): 2
                 micro-batches a step from epoch 1.
+            epoch_metrics: the epoch's mean loss logged by Lightning (`on_epoch=True`) and by a torchmetrics metric.
             lr: the learning rate.
         """
         super().__init__()
@@ -105,6 +108,8 @@ class GeneratedModule(LightningModule):
         if step_buffer:
             self.register_buffer("loss_average", torch.zeros(()))
         self.samples_seen = 0
+        if epoch_metrics:
+            self.train_mean = MeanMetric()
 
     def forward(self, features: torch.Tensor) -> torch.Tensor:
         return self.head(self.body(features))
@@ -112,7 +117,10 @@ class GeneratedModule(LightningModule):
     def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor | None:
         features, target = joined(batch)
         loss = F.cross_entropy(self(features), target)
-        self.log("train_loss", loss)
+        self.log("train_loss", loss, on_epoch=self.hparams.epoch_metrics)
+        if self.hparams.epoch_metrics:
+            self.train_mean.update(loss)
+            self.log("train_mean", self.train_mean, on_step=False, on_epoch=True)
         if self.hparams.step_buffer:
             self.loss_average.mul_(0.9).add_(0.1 * loss.detach())
         self.samples_seen += len(target)

@@ -206,6 +206,8 @@ def setups(draw: st.DrawFn) -> Setup:
     )
     if draw(st.booleans()):  # drawn last: the setups drawn before it stay as they were
         data["collate"] = "masking"
+    if draw(st.booleans()):
+        model["epoch_metrics"] = True
     return Setup(
         model, data, trainer, step_checkpoints, early_stopping, scheduled, finetuning, epoch_checkpoints, averaging
     )
