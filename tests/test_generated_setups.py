@@ -52,11 +52,13 @@ QUIET = [
 
 # What the resume says, in one line at its start, when it cannot be the run never stopped: its loader cannot be
 # skipped into (it starts the epoch's data again), its checkpoint was written inside an accumulated step, or before
-# the validation due after its batch, or a loader the engine keeps has persistent workers (their random streams).
+# the validation due after its batch, or a loader the engine keeps has persistent workers (their random streams), or
+# DDP processes in manual optimization keep buffers of their own.
 SAID_WHY = (
     "starts the epoch's data again", "inside an accumulated step", "before the validation due",
     "keeps its worker processes from epoch to epoch", "without that epoch's end",
     "Lightning's StochasticWeightAveraging, resumed after its last averaging epoch or at the run's end",
+    "each process keeps its own buffers",
 )  # fmt: skip
 
 
@@ -622,10 +624,33 @@ def test_the_setups_the_generator_found_end_as_they_should(setup, stop, expected
 
 
 # Under DDP, the part a BaseFinetuning unfroze trained on each process's own gradients: the processes' weights differed
-# in the run never stopped, and a resumed run restarted every process from rank 0's.
+# in the run never stopped, and a resumed run restarted every process from rank 0's. In manual optimization, the part
+# unfrozen was averaged only where Lightning's accumulation closed a step: not in the
+# BatchNorm epoch of Lightning's StochasticWeightAveraging, which sets a whole epoch's accumulation and in which the
+# module still steps. And Lightning has DDP broadcast no buffers in manual optimization: each process keeps its own
+# BatchNorm statistics, which a checkpoint (rank 0's) cannot give back to the others.
+MANUAL_UNDER_DDP = Setup(
+    model={"optimization": "manual"}, data={"loader": "map", "batch_size": 12, "train_size": 200}, processes=2
+)
 FOUND_UNDER_DDP = [
     pytest.param(
         replace(FINE_TUNING, processes=2), Stop("sigterm", 10, rank=1), "exact", id="unfrozen-part-averaged-by-ddp"
+    ),
+    pytest.param(
+        replace(MANUAL_UNDER_DDP, trainer={"max_epochs": 2}, fine_tuning=True, averaging="stochastic"),
+        Stop("kill", 0),
+        "exact",
+        id="manual-optimization-unfrozen-part-averaged-in-swa-batchnorm-epoch",
+    ),
+    pytest.param(
+        replace(
+            MANUAL_UNDER_DDP,
+            model={"optimization": "manual", "batch_norm": True},
+            trainer={"max_epochs": 2, "val_check_interval": 0.5, "check_val_every_n_epoch": 2},
+        ),
+        Stop("validation", 0),
+        "warned",
+        id="manual-optimization-each-process-keeps-its-batchnorm-statistics",
     ),
 ]
 

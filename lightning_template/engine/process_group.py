@@ -33,7 +33,11 @@ class ThawedParameterSync(Callback):
         self._averaged_by_ddp = {id(p) for p in pl_module.parameters() if p.requires_grad}
 
     def on_after_backward(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        if not isinstance(trainer.strategy.model, DistributedDataParallel) or not closes_accumulation_window(trainer):
+        if not isinstance(trainer.strategy.model, DistributedDataParallel):
+            return
+        # In manual optimization DDP averages every backward pass, whatever the accumulation says (Lightning's
+        # StochasticWeightAveraging sets a whole epoch's for its BatchNorm epoch, in which the module still steps).
+        if pl_module.automatic_optimization and not closes_accumulation_window(trainer):
             return
         # Chosen alike on every process (what trains), not by which gradients this process has: the same collective.
         thawed = [p for p in pl_module.parameters() if p.requires_grad and id(p) not in self._averaged_by_ddp]

@@ -40,6 +40,7 @@ from lightning.pytorch.plugins.environments import SLURMEnvironment
 from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from lightning.pytorch.utilities.warnings import PossibleUserWarning
+from torch.nn import SyncBatchNorm
 from torch.nn.modules.batchnorm import _BatchNorm
 
 from lightning_template.engine.errors import ConfigError
@@ -98,6 +99,17 @@ def frozen_parts(module: LightningModule) -> dict[str, list[str]]:
             if isinstance(layer, _BatchNorm) and not layer.track_running_stats
         ],
     }
+
+
+def own_buffers(module: LightningModule) -> list[str]:
+    """The floating-point buffers that can differ between DDP processes: all but a SyncBatchNorm's (whose statistics
+    are every process's)."""
+    synced = {name for name, layer in module.named_modules() if isinstance(layer, SyncBatchNorm)}
+    return [
+        name
+        for name, buffer in module.named_buffers()
+        if buffer.is_floating_point() and name.rpartition(".")[0] not in synced
+    ]
 
 
 def few(names: list[str]) -> str:
@@ -336,6 +348,13 @@ class ExactResume(Callback):
         self._restore_frozen_parts(trainer)
         at_its_end = (stops_here and may_stop_early(trainer)) or starts_no_epoch(trainer)
         warn_if_swa_has_ended(trainer, at_its_end=at_its_end)
+        if trainer.world_size > 1 and not pl_module.automatic_optimization and (names := own_buffers(pl_module)):
+            rank_zero_warn(
+                f"ExactResume: under DDP in manual optimization each process keeps its own buffers ({few(names)}:"
+                " Lightning has DDP broadcast none), and the checkpoint holds rank 0's: the other processes resume from"
+                " rank 0's, so what they compute with them (a BatchNorm's validation) is not the run never stopped."
+                " On GPUs --trainer.sync_batchnorm true keeps BatchNorm statistics the same on every process."
+            )
         loaded = load_train_loader_states(trainer)
         workers = getattr(trainer.train_dataloader, "num_workers", 0) > 0
         if (loaded or workers) and train_data_fetcher(trainer) is not None:
