@@ -303,7 +303,7 @@ class GeneratedData(LightningDataModule):
             augment: flip half of the training images at random in `__getitem__`.
             train_size: training samples.
             collate: the training loaders' collate_fn: default (torch's), masking (a random 15 % of each batch's
-                features set to 0, as a masked language model's collate masks tokens).
+                features set to 0, as a collate that masks tokens does).
         """
         super().__init__()
         self.save_hyperparameters()
