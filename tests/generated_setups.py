@@ -173,8 +173,11 @@ class GeneratedModule(LightningModule):
     def validation_step(self, batch: Any, batch_idx: int) -> None:
         features, target = batch
         logits = self(features)
-        self.log("val_loss", F.cross_entropy(logits, target))
-        self.log("val_acc", (logits.argmax(-1) == target).float().mean())
+        # Averaged over the DDP processes, as Lightning's docs ask for a metric that checkpoints and early stopping
+        # watch: by each process's own value the processes would choose differently whether to save, each then waiting
+        # in a collective the other never joins.
+        self.log("val_loss", F.cross_entropy(logits, target), sync_dist=True)
+        self.log("val_acc", (logits.argmax(-1) == target).float().mean(), sync_dist=True)
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         if self.hparams.checkpoint_entry:
