@@ -29,7 +29,7 @@ from lightning_template.engine.lightning_internals import (
     metrics_lightning_resets,
 )
 from lightning_template.engine.resume import epoch_ran_out
-from lightning_template.engine.sampling import fit_position
+from lightning_template.engine.sampling import fit_position, inside_an_epoch
 
 
 def _names(keys: Any) -> str:
@@ -54,18 +54,17 @@ class EpochMetrics(Callback):
         trainer = self._trainer
         if trainer is None or trainer.lightning_module is None:
             return {}
-        epochs = trainer.fit_loop.epoch_progress.current
-        inside_an_epoch = epochs.started > epochs.processed
+        in_epoch = inside_an_epoch(trainer)
         add_epoch_sums(trainer, self._sums)  # what this run has logged since a resume, with what came before it
         training, validation = (set(map(id, metrics)) for metrics in metrics_lightning_resets(trainer))
         training |= set(map(id, self._restored.values()))
-        reset_now = validation | (set() if inside_an_epoch else training)
+        reset_now = validation | (set() if in_epoch else training)
         metrics = {
             name: {**metric_state(module), "logged": id(module) in training}
             for name, module in trainer.lightning_module.named_modules()
             if isinstance(module, Metric) and module.update_called and id(module) not in reset_now
         }
-        sums = {**self._sums, **epoch_sums(trainer)} if inside_an_epoch else {}
+        sums = {**self._sums, **epoch_sums(trainer)} if in_epoch else {}
         return {"position": fit_position(trainer), "metrics": metrics, "sums": sums}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
@@ -75,9 +74,7 @@ class EpochMetrics(Callback):
         saved, self._saved, self._sums, self._restored = self._saved, {}, {}, {}
         if not saved or saved["position"] != fit_position(trainer) or not (saved["metrics"] or saved["sums"]):
             return
-        epochs = trainer.fit_loop.epoch_progress.current
-        inside_an_epoch = epochs.started > epochs.processed
-        if trainer.world_size > 1 or (inside_an_epoch and epoch_ran_out(trainer)):
+        if trainer.world_size > 1 or (inside_an_epoch(trainer) and epoch_ran_out(trainer)):
             why = (
                 "each process gathered its own, and the checkpoint holds one process's"
                 if trainer.world_size > 1

@@ -69,6 +69,7 @@ from lightning_template.engine.sampling import (
     ResumesFromLoop,
     derive_seed,
     global_seed,
+    inside_an_epoch,
     resumable_loader,
     seed_host,
 )
@@ -142,7 +143,7 @@ def pending_plateau_epoch(trainer: Trainer) -> int | None:
     epoch it is still to come. None when there is none to take: between epochs, or at the end of an epoch that
     stopped before its last batch (`max_steps`), where Lightning takes none."""
     epochs = trainer.fit_loop.epoch_progress.current
-    if epochs.started > epochs.processed:  # inside the epoch
+    if inside_an_epoch(trainer):
         return epochs.processed
     if epochs.completed < epochs.processed and epoch_ran_out(trainer):  # its end, before the step
         return epochs.completed
@@ -181,7 +182,7 @@ def starts_no_epoch(trainer: Trainer) -> bool:
     """Resumed after the last batch of the run's last epoch (`max_epochs`), or at its end: the run starts no epoch, and
     continues none from its middle."""
     epochs = trainer.fit_loop.epoch_progress.current
-    batches_left = epochs.started > epochs.processed and not epoch_ran_out(trainer)
+    batches_left = inside_an_epoch(trainer) and not epoch_ran_out(trainer)
     return not batches_left and 0 < (trainer.max_epochs or 0) <= max(epochs.started, epochs.processed)
 
 

@@ -71,16 +71,22 @@ class ResumesFromLoop:
     worker_dependent: bool = False
 
 
+def inside_an_epoch(trainer: Trainer) -> bool:
+    """Whether the fit loop has started an epoch it has not processed (else its batch counts are the finished
+    epoch's)."""
+    epochs = trainer.fit_loop.epoch_progress.current
+    return epochs.started > epochs.processed
+
+
 def fit_position(trainer: Trainer | None) -> tuple[int, int] | None:
     """(epoch, batches of it already trained) by the Trainer's fit loop, restored from a checkpoint
     when resuming; None outside `fit`."""
     if trainer is None or trainer.state.fn != TrainerFn.FITTING:
         return None
     epochs, batches = trainer.fit_loop.epoch_progress.current, trainer.fit_loop.epoch_loop.batch_progress.current
-    in_progress = epochs.started > epochs.processed  # else the batch counts are the finished epoch's
     # The epoch is the one the trainer counts (`current_epoch`, epochs completed): a run restarted with `max_steps`
     # from a checkpoint at an epoch's last batch has that epoch processed twice by Lightning's counters.
-    return epochs.completed, batches.processed if in_progress else 0
+    return epochs.completed, batches.processed if inside_an_epoch(trainer) else 0
 
 
 class EpochSampler(DistributedSampler, ResumesFromLoop):
