@@ -81,7 +81,14 @@ class RegressionData(LightningDataModule):
 
 
 class Regressor(LightningModule):
-    def __init__(self, hidden: int = 32, lr: float = 0.01, dropout: float = 0.1, nan_at_step: int = -1) -> None:
+    def __init__(
+        self,
+        hidden: int = 32,
+        lr: float = 0.01,
+        dropout: float = 0.1,
+        nan_at_step: int = -1,
+        sync_val_loss: bool = True,
+    ) -> None:
         super().__init__()
         self.save_hyperparameters()
         self.net = nn.Sequential(nn.Linear(49, hidden), nn.ReLU(), nn.Dropout(dropout), nn.Linear(hidden, 1))
@@ -99,7 +106,8 @@ class Regressor(LightningModule):
 
     def validation_step(self, batch, batch_idx: int) -> None:
         features, target = batch
-        self.log("val_loss", nn.functional.mse_loss(self(features), target))
+        # sync_dist: under DDP, the mean over every process's batches (else each process logs its own shard's)
+        self.log("val_loss", nn.functional.mse_loss(self(features), target), sync_dist=self.hparams.sync_val_loss)
 
     def predict_step(self, batch, batch_idx: int) -> torch.Tensor:
         return self(batch[0])

@@ -35,6 +35,10 @@ SHORT = [
 ]  # fmt: skip
 STOPPED = 128 + signal.SIGTERM
 ONE_THREAD = {"OMP_NUM_THREADS": "1"}  # two processes on two cores
+PLATEAU_ON_VAL_LOSS = [
+    "--model=tests.foreign_code.LitAutoEncoder", "--data=tests.foreign_code.ImagesData", "--checkpoint.monitor=null",
+    "--early_stopping.monitor=null",
+]  # fmt: skip
 
 
 def stopped_and_resumed_equals_uninterrupted(
@@ -123,6 +127,28 @@ def test_a_plain_task_under_ddp_resumes_exactly(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if k not in {"MASTER_PORT", "MASTER_ADDR"}} | ONE_THREAD
     ddp = ["--trainer.strategy=ddp", "--trainer.accelerator=cpu", "--trainer.devices=2"]
     stopped_and_resumed_equals_uninterrupted(tmp_path, [*PLAIN, *SHORT, *ddp], sigterm_at(1, 3, rank=0), env=env)
+
+
+@pytest.mark.slow
+@pytest.mark.processes
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        pytest.param([*PLAIN, "--model.sync_val_loss=false"], "--early_stopping.monitor val_loss", id="early-stopping"),
+        pytest.param(PLATEAU_ON_VAL_LOSS, "the scheduler's monitor val_loss", id="plateau-scheduler"),
+    ],
+)
+def test_a_monitored_value_each_ddp_process_logs_as_its_own_is_refused_in_one_line(
+    args: list[str], said: str, tmp_path: Path
+) -> None:
+    """Logged without sync_dist=True, each process's val_loss is that of its own shard: early stopping and the best
+    checkpoint would decide apart in each process (which then wait for each other in different collectives), and a
+    plateau scheduler would give each process its own learning rate."""
+    env = {k: v for k, v in os.environ.items() if k not in {"MASTER_PORT", "MASTER_ADDR"}} | ONE_THREAD
+    ddp = ["--trainer.strategy=ddp", "--trainer.accelerator=cpu", "--trainer.devices=2"]
+    done = train_process(["fit", *args, *SHORT, *ddp], tmp_path, expect=1, env=env, timeout=300)
+    assert f"{said}: under DDP each process logged its own 'val_loss'" in done.stderr
+    assert "self.log('val_loss', ..., sync_dist=True)" in done.stderr and "Traceback" not in done.stderr
 
 
 def test_a_monitored_metric_the_model_never_logs_is_named_with_what_it_logged(tmp_path: Path, monkeypatch) -> None:

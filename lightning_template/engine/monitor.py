@@ -3,7 +3,8 @@
 The job states the metric (`--checkpoint.monitor`, `--early_stopping.monitor`; configs/defaults.yaml watches
 `val_loss`, which any task can log, and a classification job `val_acc`); `null` turns either off. A monitored
 metric that the model never logs is an error at the end of the first validation, naming the metrics that were
-logged (`MonitoredMetrics`).
+logged (`MonitoredMetrics`). Under DDP, so is a monitored value each process logged as its own (without
+`sync_dist=True`): the processes would decide apart, and wait for each other in different places.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
 from lightning.pytorch.callbacks.early_stopping import EarlyStoppingReason
 
 from lightning_template.engine.errors import ConfigError
-from lightning_template.engine.lightning_internals import reads_at_train_epoch_end
+from lightning_template.engine.lightning_internals import logged_per_process, reads_at_train_epoch_end
 
 
 class BestCheckpoint(ModelCheckpoint):
@@ -79,18 +80,41 @@ def unlogged(callback: Callback, trainer: Trainer) -> bool:
     return monitor not in trainer.callback_metrics.keys() | counters
 
 
+def refuse_per_process_monitors(trainer: Trainer) -> None:
+    """Under DDP, a value that a callback or a plateau scheduler watches must be the same in every process."""
+    if trainer.world_size == 1:
+        return
+    watched = [(option_of(c), c.monitor) for c in trainer.callbacks if isinstance(getattr(c, "monitor", None), str)]
+    watched += [("the scheduler's monitor", config.monitor) for config in trainer.lr_scheduler_configs]
+    per_process = logged_per_process(trainer)
+    for option, monitor in watched:
+        if monitor in per_process:
+            raise ConfigError(
+                f"{option} {monitor}: under DDP each process logged its own {monitor!r}, so each would decide by"
+                f" its own value and the processes would part: log it with self.log({monitor!r}, ...,"
+                " sync_dist=True), or as a torchmetrics metric (which syncs itself)."
+            )
+
+
 class MonitoredMetrics(Callback):
     """At the end of the first validation (the sanity check's, if it runs), every `monitor` of the run's callbacks
     must be among the logged metrics: otherwise a one-line error names the option and what was logged. Metrics of
     the training loop (named `train...`), logged only once training runs, are checked after the first validation of
     training, unless their callback reads them at the training epoch's end (where a metric logged once an epoch is
-    known): Lightning's check there."""
+    known): Lightning's check there. Under DDP, each validation and training epoch's end also checks that no monitored
+    value is each process's own (`refuse_per_process_monitors`)."""
 
     def __init__(self) -> None:
         self.checked = False
 
+    def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        refuse_per_process_monitors(trainer)
+
     def on_validation_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        if self.checked or trainer.state.fn != "fit":
+        if trainer.state.fn != "fit":
+            return
+        refuse_per_process_monitors(trainer)
+        if self.checked:
             return
         missing = [callback for callback in trainer.callbacks if unlogged(callback, trainer)]
         if trainer.sanity_checking:  # training has not logged anything yet: only validation's metrics are known

@@ -140,10 +140,12 @@ class LanguageModel(LightningModule):
     def _log_bits(self, split: str) -> None:
         """Bits per token, and per character where the datamodule counts them (the n-gram baseline's measure)."""
         bits = getattr(self, f"{split}_loss").compute() / LN2
-        self.log(f"{split}_bpt", bits)
+        # The same in every DDP process (compute() syncs); sync_dist tells Lightning so, which a callback monitoring
+        # it under DDP requires.
+        self.log(f"{split}_bpt", bits, sync_dist=True)
         per_token = getattr(self.trainer.datamodule, "characters_per_token", None)
         if per_token is not None:
-            self.log(f"{split}_bpc", bits / per_token(split))
+            self.log(f"{split}_bpc", bits / per_token(split), sync_dist=True)
 
     def validation_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> None:
         self._evaluate(batch, "val")

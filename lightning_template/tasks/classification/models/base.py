@@ -136,7 +136,8 @@ class ClassificationModule(LightningModule):
         # Only in the steps whose values Lightning writes (every `log_every_n_steps`) and the epoch's last (the
         # console's epoch line): each `self.log` call costs as much as a small step.
         if self.trainer.is_last_batch or logs_this_step(self.trainer):
-            self.log("train_loss", loss, prog_bar=True)
+            # sync_dist: under DDP the mean over the processes, which a callback may monitor (the overfit preset)
+            self.log("train_loss", loss, prog_bar=True, sync_dist=True)
         if self.trainer.is_last_batch:
             predicted, labels = zip(*self.train_predictions, strict=True)
             self.train_predictions.clear()
