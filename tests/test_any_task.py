@@ -147,7 +147,8 @@ def test_a_monitored_value_each_ddp_process_logs_as_its_own_is_refused_in_one_li
     env = {k: v for k, v in os.environ.items() if k not in {"MASTER_PORT", "MASTER_ADDR"}} | ONE_THREAD
     ddp = ["--trainer.strategy=ddp", "--trainer.accelerator=cpu", "--trainer.devices=2"]
     done = train_process(["fit", *args, *SHORT, *ddp], tmp_path, expect=1, env=env, timeout=300)
-    assert f"{said}: under DDP each process logged its own 'val_loss'" in done.stderr
+    assert f"\nError: {said}: under DDP each process logged its own 'val_loss'" in done.stderr
+    assert f"\n[rank: 1] Error: {said}:" in done.stderr  # each process refuses at the same place: none waits
     assert "self.log('val_loss', ..., sync_dist=True)" in done.stderr and "Traceback" not in done.stderr
 
 

@@ -33,7 +33,7 @@ from lightning.pytorch.callbacks import (
 )
 from lightning.pytorch.cli import LightningArgumentParser
 from lightning.pytorch.loggers import TensorBoardLogger
-from lightning.pytorch.utilities import rank_zero_info
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_only
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from lightning_template.engine.checkpoint import (
@@ -475,7 +475,8 @@ def debug_requested(argv: list[str]) -> bool:
 
 def exit_on_error(run: Callable[[], Any]) -> Any:
     """Run a command; a `ProjectError` (a problem of the input, with its fix) is printed as its message, without
-    the traceback, and exits 1; any other exception keeps its traceback. `--debug` or PROJECT_DEBUG=1 shows it."""
+    the traceback, and exits 1 (under DDP, a process other than rank 0 names its rank); any other exception keeps its
+    traceback. `--debug` or PROJECT_DEBUG=1 shows it."""
     try:
         return run()
     except SIGTERMException:  # stopped by SIGTERM or Ctrl-C after saving last.ckpt: not a success
@@ -484,7 +485,8 @@ def exit_on_error(run: Callable[[], Any]) -> Any:
         cause = project_error(error)
         if cause is None or debug_requested(sys.argv[1:]):
             raise
-        print(f"\nError: {cause}\n(--debug or PROJECT_DEBUG=1 shows the traceback)", file=sys.stderr, flush=True)
+        rank = f"[rank: {rank_zero_only.rank}] " if getattr(rank_zero_only, "rank", 0) else ""  # DDP: each says it
+        print(f"\n{rank}Error: {cause}\n(--debug or PROJECT_DEBUG=1 shows the traceback)", file=sys.stderr, flush=True)
         sys.exit(1)
 
 
