@@ -381,12 +381,14 @@ def restore_datamodule(cli: LightningCLI, record: RunCheckpoint, given: list[str
     state = record.datamodule_state(type(datamodule).__qualname__)
     if state is None:
         return
+    before = dict(vars(datamodule))
     datamodule.load_state_dict(state)
     # Settings given on top of the job that the saved state replaced (a tokenizer, a context) are refused, as the
-    # model's are: the datamodule's attributes of the same names are what it now holds.
+    # model's are: the datamodule's attributes of the same names that loading the state set to another value.
     explicit = _given_settings(cli, given, "data") if cli.config.get("subcommand") else {}
     held = vars(datamodule)
-    changed = [f"--data.{k} {v!r} (checkpoint: {held[k]!r})" for k, v in explicit.items() if held.get(k, v) != v]
+    replaced = [k for k, v in explicit.items() if held.get(k, v) is not before.get(k, v) and str(held[k]) != str(v)]
+    changed = [f"--data.{k} {explicit[k]!r} (checkpoint: {held[k]!r})" for k in replaced]
     if changed:
         raise ConfigError(
             f"--ckpt_path {record.path}: the data is as the checkpoint saved it ({type(datamodule).__name__}'s"
@@ -419,8 +421,9 @@ def _given_settings(cli: LightningCLI, given: list[str], section: str) -> dict[s
     job = [str(p) for p in job_configs(config)][:1]
     parser = subcommand_parser(cli, subcommand)
     default_env, parser.default_env = parser.default_env, False
+    classes = [f"--{name}={config[name].class_path}" for name in dict.fromkeys(("model", section))]  # both required
     try:  # the same class: a job config of it keeps its values, of another class gives the defaults
-        base = parser.parse_args([*(f"--config={c}" for c in job), f"--{section}={config[section].class_path}"])
+        base = parser.parse_args([*(f"--config={c}" for c in job), *classes])
     finally:
         parser.default_env = default_env
     now, job_values = leaves(config[section].get("init_args")), leaves(base[section].get("init_args"))

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import math
+import re
 import sys
 from pathlib import Path
 
@@ -148,6 +149,22 @@ def test_data_flags_that_the_checkpoint_fixes_are_refused_not_ignored(trained: P
     output = _predict(trained, "--data.tokenizer=chars", "--data.context=16", expect=1)
     assert "differs from --data.context 16 (checkpoint: 32), --data.tokenizer 'chars' (checkpoint: 'bpe')" in output
     assert "Traceback" not in output and not (trained / "generated.csv").exists()  # not the earlier run's either
+
+
+@pytest.mark.slow
+def test_a_checkpoint_alone_is_tested_on_its_corpus_or_on_the_folder_a_flag_names(trained: Path) -> None:
+    """`test --ckpt_path <file>` with nothing else, then with the folder of its corpus given as a flag (with and
+    without the job's config): the datamodule's saved vocabulary comes with the checkpoint, and the flag names the
+    folder it reads, which the datamodule holds as a Path."""
+    checkpoint = next(trained.glob("logs/language_model/version_0/checkpoints/last.ckpt"))
+    quick = ["--trainer.limit_test_batches=2", "--trainer.logger=false", "--trainer.enable_progress_bar=false"]
+    corpus = FortunesDataModule().corpus_dir
+    outputs = [
+        train_process(["test", f"--ckpt_path={checkpoint}", *quick, *flags], trained).stdout
+        for flags in ([], [f"--data.corpus_dir={corpus}"], [JOB, f"--data.corpus_dir={corpus}"])
+    ]
+    bits = [re.search(r"test_bpt\s*│\s*([0-9.]+)", output) for output in outputs]
+    assert all(bits) and len({found.group(1) for found in bits}) == 1, outputs
 
 
 def test_a_bpe_vocabulary_round_trips_counts_characters_and_lives_in_a_checkpoint() -> None:
