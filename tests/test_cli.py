@@ -136,10 +136,13 @@ def test_validate_reproduces_best_checkpoint_score(fitted: tuple[Path, str]) -> 
 
 
 @pytest.mark.slow
-def test_a_config_of_model_and_data_alone_resumes_exactly(tmp_path: Path, monkeypatch, fashion_mnist_dir) -> None:
+def test_a_config_of_model_and_data_alone_resumes_exactly(
+    tmp_path: Path, monkeypatch, fashion_mnist_dir, capsys
+) -> None:
     """The defaults and the CLI supply everything resume needs: a SIGTERM mid-epoch (a real process, stopped
     with exit status 143), then --ckpt_path last (here in-process, like the uninterrupted reference); the weights,
-    the logged steps and the stopped epoch's training accuracy are the run's never stopped."""
+    the logged steps, the stopped epoch's training accuracy and its console line's mean loss are the run's never
+    stopped."""
     (tmp_path / "mine.yaml").write_text(
         "model: lightning_template.tasks.classification.SimpleCNN\n"
         "data:\n  class_path: lightning_template.tasks.classification.FashionMNISTDataModule\n"
@@ -147,12 +150,13 @@ def test_a_config_of_model_and_data_alone_resumes_exactly(tmp_path: Path, monkey
     )
     args = [
         "fit", "--config", "mine.yaml", "--trainer.max_epochs=2", "--trainer.limit_train_batches=10",
-        "--trainer.limit_val_batches=2", "--trainer.enable_progress_bar=false", "--trainer.deterministic=true",
-        "--trainer.log_every_n_steps=1",
+        "--trainer.limit_val_batches=2", "--trainer.deterministic=true", "--trainer.log_every_n_steps=1",
     ]  # fmt: skip
     (tmp_path / "full").mkdir()
     monkeypatch.chdir(tmp_path / "full")
     uninterrupted = ProjectCLI(args=[a if a != "mine.yaml" else "../mine.yaml" for a in args])
+    epoch_loss = lambda: re.search(r"^epoch 2/2 .*?train_loss (\S+)", capsys.readouterr().out, re.M).group(1)  # noqa: E731
+    full_loss = epoch_loss()
     monkeypatch.chdir(tmp_path)
     stop = ["--trainer.callbacks+=tests.helpers.SignalAtBatch", "--trainer.callbacks.epoch=1",
             "--trainer.callbacks.batch=4", "--trainer.callbacks.signum=15"]  # fmt: skip
@@ -167,7 +171,7 @@ def test_a_config_of_model_and_data_alone_resumes_exactly(tmp_path: Path, monkey
     resumed_cli = ProjectCLI(args=[*args, "--ckpt_path=last"])
     # The stopped epoch's training accuracy counts its batches before the stop too.
     accuracy = [float(cli.trainer.callback_metrics["train_acc"]) for cli in (uninterrupted, resumed_cli)]
-    assert accuracy[0] == accuracy[1]
+    assert accuracy[0] == accuracy[1] and epoch_loss() == full_loss
     load = lambda d: torch.load(d / "logs/mine/version_0/checkpoints/last.ckpt", weights_only=True)  # noqa: E731
     full, resumed = load(tmp_path / "full"), load(tmp_path)
     assert resumed["global_step"] == full["global_step"] == 20

@@ -17,12 +17,17 @@ from typing import Any
 from lightning import LightningModule, Trainer
 from lightning.pytorch.callbacks import ProgressBar, RichProgressBar
 
+from lightning_template.engine.sampling import inside_an_epoch
+
 
 class EpochLines(ProgressBar):
+    LOSSES_KEY = "epoch_line_losses"
+
     def __init__(self) -> None:
         super().__init__()
         self._enabled = True
         self._epoch_start, self._loss_sum, self._batches = 0.0, 0.0, 0
+        self._resumed: tuple[float, int] | None = None  # the epoch's loss sum and batches in the checkpoint
 
     def disable(self) -> None:
         self._enabled = False
@@ -30,9 +35,20 @@ class EpochLines(ProgressBar):
     def enable(self) -> None:
         self._enabled = True
 
+    def on_save_checkpoint(self, trainer: Trainer, pl_module: LightningModule, checkpoint: dict[str, Any]) -> None:
+        if inside_an_epoch(trainer):  # not a callback state: a resume in a terminal has no EpochLines to take it
+            checkpoint[self.LOSSES_KEY] = (float(self._loss_sum), self._batches)
+
+    def on_load_checkpoint(self, trainer: Trainer, pl_module: LightningModule, checkpoint: dict[str, Any]) -> None:
+        self._resumed = checkpoint.get(self.LOSSES_KEY)
+
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        # A run resumed in the middle of an epoch gets no on_train_epoch_start for it: its time counts from here.
+        # A run resumed in the middle of an epoch gets no on_train_epoch_start for it: its time counts from here, its
+        # train_loss from the epoch's first batch.
         self.on_train_epoch_start(trainer, pl_module)
+        if self._resumed is not None and inside_an_epoch(trainer):
+            self._loss_sum, self._batches = self._resumed
+        self._resumed = None
 
     def on_train_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._epoch_start = time.monotonic()
