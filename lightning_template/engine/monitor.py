@@ -62,10 +62,10 @@ COUNTERS = ("epoch", "step")  # what a ModelCheckpoint watches besides logged me
 
 
 def option_of(callback: Callback) -> str:
-    """The command-line option that sets a callback's monitor."""
-    if isinstance(callback, ModelCheckpoint):
+    """The command-line option that sets a callback's monitor (one added under `trainer.callbacks` has no option)."""
+    if isinstance(callback, BestCheckpoint):
         return "--checkpoint.monitor"
-    if isinstance(callback, EarlyStopping):
+    if isinstance(callback, EarlyStop):
         return "--early_stopping.monitor"
     return f"{type(callback).__name__}'s monitor"
 

@@ -48,8 +48,8 @@ class TorchBackend:
         if self.spec is None:
             raise ConfigError(
                 f"{ckpt_path} has no input spec ('{SPEC_KEY}'); it was written before serving existed or outside"
-                " train.py. Retrain with train.py, or add lightning_template.engine.CheckpointFacts to the"
-                " Trainer."
+                " train.py. Retrain with train.py, or save the datamodule's serving_spec() there in your module's"
+                " on_save_checkpoint, as ClassificationModule does."
             )
         hparams = dict(checkpoint.get("hyper_parameters", {}))
         class_path = str(hparams.pop("_class_path", ""))

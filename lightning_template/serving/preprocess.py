@@ -1,7 +1,7 @@
 """Request inputs -> model inputs, from the checkpoint's input spec, with numpy and PIL only.
 
 The spec is written into every checkpoint at training time by the datamodule that trained
-it (`serving_spec()`, saved by `lightning_template.engine.CheckpointFacts`) and next to an exported
+it (`serving_spec()`, saved by `ClassificationModule.on_save_checkpoint`) and next to an exported
 ONNX file as `serving.json`. It states what the evaluation pipeline did (size, resize/crop, normalization,
 the tokenizer's vocabulary and rules), so a served model sees its inputs exactly as `predict`
 did, without the training data and without torch: the ONNX backend never imports it.

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 import numpy as np
 from PIL import Image
 
-SPEC_KEY = "input_spec"  # where callbacks.CheckpointFacts stores a datamodule's spec in a checkpoint
+SPEC_KEY = "input_spec"  # where ClassificationModule stores its datamodule's spec in a checkpoint
 TOKEN_PATTERN = re.compile(r"\w+|[^\w\s]")  # words and single punctuation marks
 
 

@@ -54,6 +54,6 @@ class TextData(ClassificationData, Protocol):
 class ServableData(ClassificationData, Protocol):
     def serving_spec(self) -> dict[str, Any]:
         """How to turn a raw input (an image file, a text) into the model's input, as evaluation does:
-        a JSON-able dict, stored in every checkpoint (lightning_template.engine.CheckpointFacts) for whatever
+        a JSON-able dict, stored in every checkpoint (ClassificationModule.on_save_checkpoint) for whatever
         serves the model without its training data."""
         ...
