@@ -11,6 +11,7 @@ from lightning import LightningModule, Trainer
 from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint, WeightAveraging
 from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.trainer import call
+from torchmetrics import MeanMetric
 
 from lightning_template.engine import lightning_internals
 
@@ -24,6 +25,7 @@ def owner(name: str) -> object:
         "WeightAveraging": WeightAveraging,
         "LightningCLI": lambda: LightningCLI,
         "call": lambda: call,
+        "Metric": MeanMetric,
     }[name]()
 
 

@@ -32,6 +32,8 @@ USED = (
     ("trainer", "fit_loop.epoch_loop._should_check_val_fx"),
     ("trainer", "fit_loop.epoch_loop._batches_that_stepped"),
     ("trainer", "fit_loop.epoch_loop.restarted_on_train_batch_end"),
+    ("trainer", "fit_loop.epoch_loop.on_iteration_done"),
+    ("trainer", "fit_loop.epoch_loop.val_loop.restarted_mid_evaluation"),
     ("trainer", "fit_loop.epoch_loop.update_restart_stage"),
     ("trainer", "fit_loop.epoch_loop.reset_restart_stage"),
     ("trainer", "fit_loop.epoch_loop.val_loop.reset_restart_stage"),
@@ -55,6 +57,8 @@ USED = (
     ("LightningCLI", "_parse_ckpt_path"),
     ("LightningCLI", "_parser"),
     ("call", "_call_callback_hooks"),
+    ("Metric", "_update_count"),  # torchmetrics' own, through Lightning
+    ("Metric", "_computed"),
 )
 
 
