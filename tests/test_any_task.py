@@ -76,6 +76,20 @@ def test_a_plain_task_stopped_by_sigterm_resumes_exactly(tmp_path: Path, monkeyp
     assert resumed_in_this_process(tmp_path, monkeypatch, args, sigterm_at(epoch=1, batch=2)) == 10
 
 
+def test_a_run_logged_to_csv_keeps_the_stopped_runs_rows_when_resumed(tmp_path: Path, monkeypatch) -> None:
+    """Lightning's CSV writer deletes the metrics.csv of the folder it starts in, which a resumed run continues: the
+    stopped run's rows stay, and the file ends with every value of the run never stopped."""
+    csv_logger = ["--trainer.logger=lightning.pytorch.loggers.CSVLogger", "--trainer.logger.save_dir=logs"]
+    args = [*PLAIN, *SHORT, "--data.train_size=160", "--trainer.enable_progress_bar=false", *csv_logger]
+    resumed_in_this_process(tmp_path, monkeypatch, args, sigterm_at(epoch=1, batch=2))
+
+    def logged(run: str) -> list[tuple[str, str, str]]:
+        with open(next((tmp_path / run).glob("logs/*/version_0/metrics.csv")), newline="") as f:
+            return sorted((row["step"], key, value) for row in csv.DictReader(f) for key, value in row.items() if value)
+
+    assert logged("cut") == logged("full") and ("4", "train_loss") in {row[:2] for row in logged("cut")}
+
+
 @pytest.mark.slow
 def test_a_training_step_that_takes_the_dataloader_iter_resumes_exactly(tmp_path: Path, monkeypatch) -> None:
     """Its batches never reach the batch hooks, where the engine seeds each batch: seeded at each batch's end."""

@@ -72,6 +72,7 @@ from lightning_template.engine.tracking import (
     EXPERIMENT_ARG,
     SaveConfigToRun,
     check_tracker_installed,
+    keep_csv_metrics,
     logger_type,
     name_new_run,
     run_location,
@@ -386,6 +387,8 @@ class ProjectCLI(CLIHooks):
         if self.trainer.is_global_zero:
             for logger in self.trainer.loggers:
                 _ = logger.version
+                if self.run_checkpoint is not None:  # the resumed run's folder, whose metrics.csv goes on
+                    keep_csv_metrics(logger)
         for callback in self.trainer.callbacks:
             if isinstance(callback, SaveConfigToRun):  # a run refused before its first step removes what it made
                 callback.note_new_folder(self.trainer)

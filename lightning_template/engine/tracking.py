@@ -4,14 +4,17 @@
 - `CheckpointFacts` (checkpoint.py): each checkpoint remembers which tracker run wrote it, so `--ckpt_path`
   continues that run (same TensorBoard version folder, MLflow run id, W&B run id).
 - `SaveConfigToRun`: config.yaml into the run's folder, and into the tracker as an artifact.
+- `keep_csv_metrics`: a continued CSV run keeps the rows its metrics.csv holds.
 """
 
 from __future__ import annotations
 
+import csv
 import importlib
 import secrets
 import shutil
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -155,6 +158,21 @@ def _log_artifact(logger: Logger, path: Path) -> None:
         logger.experiment.log_artifact(logger.run_id, str(path))
     elif isinstance(logger, WandbLogger):
         logger.experiment.save(str(path), base_path=str(path.parent), policy="now")
+
+
+def keep_csv_metrics(logger: Logger) -> None:
+    """Lightning's CSV writer deletes the metrics.csv of the folder it starts in: a resumed run, which continues its
+    run's folder, gives the writer back the rows and columns the stopped run wrote, and appends to them."""
+    path = Path(logger.log_dir) / "metrics.csv" if isinstance(logger, CSVLogger) else None
+    if path is None or not path.is_file():
+        return
+    written = path.read_bytes()
+    with warnings.catch_warnings():  # "Previous log files in this directory will be deleted": they are not
+        warnings.filterwarnings("ignore", "Experiment logs directory")
+        writer = logger.experiment
+    path.write_bytes(written)
+    with open(path, newline="") as file:
+        writer.metrics_keys = list(csv.DictReader(file).fieldnames or [])
 
 
 def name_new_run(logger_class: str, init_args: Any) -> None:
