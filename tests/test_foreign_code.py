@@ -106,6 +106,19 @@ def test_foreign_code_resumes_exactly_or_says_at_its_start_why_not(cell: str, tm
 
 
 @pytest.mark.slow
+def test_an_epoch_set_up_by_a_callback_that_keeps_no_state_is_named_at_a_resume_inside_it(tmp_path, monkeypatch):
+    """Lightning does not run `on_train_epoch_start` again for an epoch resumed in its middle: a callback that sets
+    the epoch up there and keeps nothing in the checkpoint (a curriculum) leaves the rest of the epoch unlike the run
+    never stopped, which is said in one line at the resume."""
+    args = [*AUTOENCODER, *RUN, "--trainer.callbacks+=tests.foreign_code.InputShift"]
+    full = fit(tmp_path / "full", monkeypatch, args)
+    fit(tmp_path / "cut", monkeypatch, [*args, *sigterm_at(epoch=1, batch=2)])
+    resumed = fit(tmp_path / "cut", monkeypatch, [*args, "--ckpt_path=last"])
+    assert not full and len(resumed) == 1, full + resumed
+    assert "Lightning does not run InputShift.on_train_epoch_start again for it" in resumed[0]
+
+
+@pytest.mark.slow
 def test_epoch_level_metrics_of_a_run_resumed_twice_are_the_run_never_stopped(tmp_path: Path, monkeypatch) -> None:
     """A mean and a max of `self.log(..., on_epoch=True)`, a sum logged in `on_train_batch_end`, torchmetrics metrics
     logged by training and by a validation every 3 batches, and a lowest validation loss gathered across epochs: a run

@@ -12,6 +12,7 @@ import os
 import sys
 import time
 import warnings
+from pathlib import Path
 from typing import Any
 
 from lightning import LightningModule, Trainer
@@ -93,10 +94,24 @@ LIGHTNING_LINES = (
     "Loading `train_dataloader` to estimate number of stepping batches.",  # the schedule's step count, not news
     "An SIGTERMException was raised with message:",  # a stop asked for: ExactResume says where it stopped
 )
+PACKAGE = Path(__file__).resolve().parent.parent  # lightning_template/
 LIBRARY_WARNINGS = (
     # torch deprecated LeafSpec, which Lightning's own pytree helper still uses: nothing the user wrote calls it.
     (r"`isinstance\(treespec, LeafSpec\)` is deprecated", FutureWarning, r"lightning\.pytorch\.utilities\._pytree"),
 )
+
+
+def _project_warnings_as_lines(format_warning: Any) -> Any:
+    """Python's (or Lightning's) warning format, but a warning of this package's is its one line alone: its message
+    names what it is about (`ExactResume: ...`), not the engine's file and line."""
+
+    def format(message: Any, category: type[Warning], filename: str, lineno: int, line: str | None = None) -> str:
+        if Path(filename).is_relative_to(PACKAGE):
+            return f"{message}\n"
+        return format_warning(message, category, filename, lineno, line)
+
+    format.project_lines = True
+    return format
 
 
 class _DropLines(logging.Filter):
@@ -106,7 +121,8 @@ class _DropLines(logging.Filter):
 
 def quiet_library_noise() -> None:
     """Drop the lines of LIGHTNING_LINES from Lightning's console log and the warnings of LIBRARY_WARNINGS raised
-    inside those libraries (each filter once per process), and the torch profiler's own log lines."""
+    inside those libraries (each filter once per process), and the torch profiler's own log lines; print this
+    package's warnings as their one line."""
     # Kineto, the torch profiler's library (configs/presets/profile_torch.yaml), prints `USDT:` lines at its start
     # and stop, and an error for a missing GPU, below level 6; it reads the level when a profiler first starts.
     os.environ.setdefault("KINETO_LOG_LEVEL", "6")
@@ -117,6 +133,8 @@ def quiet_library_noise() -> None:
             logging.getLogger(name).addFilter(_DropLines())
     for message, category, module in LIBRARY_WARNINGS:
         warnings.filterwarnings("ignore", message=message, category=category, module=module)
+    if not getattr(warnings.formatwarning, "project_lines", False):
+        warnings.formatwarning = _project_warnings_as_lines(warnings.formatwarning)
 
 
 # At import, in every process: a DDP launcher's spawned workers import the engine when they unpickle the trainer.

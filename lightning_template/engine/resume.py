@@ -39,6 +39,7 @@ from lightning.pytorch.callbacks import (
 from lightning.pytorch.plugins.environments import SLURMEnvironment
 from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
+from lightning.pytorch.utilities.model_helpers import is_overridden
 from lightning.pytorch.utilities.warnings import PossibleUserWarning
 from torch.nn import SyncBatchNorm
 from torch.nn.modules.batchnorm import _BatchNorm
@@ -111,6 +112,25 @@ def own_buffers(module: LightningModule) -> list[str]:
         for name, buffer in module.named_buffers()
         if buffer.is_floating_point() and name.rpartition(".")[0] not in synced
     ]
+
+
+def stateless_epoch_setups(trainer: Trainer, module: LightningModule) -> list[str]:
+    """The user's `on_train_epoch_start` hooks (the module's, callbacks' other than Lightning's and the engine's) of
+    objects that keep nothing in the checkpoint (no `on_save_checkpoint`, a callback no `state_dict`): what they set
+    up for an epoch is not there in an epoch resumed in its middle, for which Lightning does not run them again."""
+    ours = ("lightning.", "pytorch_lightning.", "lightning_template.engine.")
+    hooks = [
+        f"{type(callback).__name__}.on_train_epoch_start"
+        for callback in trainer.callbacks
+        if is_overridden("on_train_epoch_start", callback, Callback)
+        and not type(callback).__module__.startswith(ours)
+        and not any(is_overridden(keeps, callback, Callback) for keeps in ("state_dict", "on_save_checkpoint"))
+    ]
+    if is_overridden("on_train_epoch_start", module, LightningModule) and not is_overridden(
+        "on_save_checkpoint", module, LightningModule
+    ):
+        hooks.append(f"{type(module).__name__}.on_train_epoch_start")
+    return hooks
 
 
 def few(names: list[str]) -> str:
@@ -376,6 +396,12 @@ class ExactResume(Callback):
         warnings.filterwarnings("ignore", "You're resuming from a checkpoint that ended before", PossibleUserWarning)
         done = trainer.fit_loop.epoch_loop.batch_progress.current.processed
         self._seed_batch(trainer, done)
+        if hooks := stateless_epoch_setups(trainer, pl_module):
+            rank_zero_warn(
+                f"ExactResume: resuming epoch {trainer.current_epoch} after {done} batches: Lightning does not run"
+                f" {few(hooks)} again for it, and what it sets up for the epoch is in no checkpoint (keep it in"
+                " state_dict or on_save_checkpoint, or set it up where it is used)."
+            )
         if self._inexact:
             rank_zero_warn(
                 f"ExactResume: resuming epoch {trainer.current_epoch} after {done} batches, but {self._inexact}: it"
