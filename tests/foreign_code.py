@@ -106,16 +106,18 @@ class EpochValues(Callback):
 
 
 class ManualAutoEncoder(LitAutoEncoder):
-    def __init__(self, lr: float = 1e-3) -> None:
+    def __init__(self, lr: float = 1e-3, accumulate: int = 1) -> None:
         super().__init__(lr)
         self.automatic_optimization = False
+        self.accumulate = accumulate  # batches whose gradients each step sums, as Lightning's docs accumulate by hand
 
     def training_step(self, batch, batch_idx: int) -> torch.Tensor:
         optimizer = self.optimizers()
         loss = self.loss(batch)
-        optimizer.zero_grad()
-        self.manual_backward(loss)
-        optimizer.step()
+        self.manual_backward(loss / self.accumulate)
+        if (batch_idx + 1) % self.accumulate == 0:
+            optimizer.step()
+            optimizer.zero_grad()
         self.log("train_loss", loss)
         return loss
 

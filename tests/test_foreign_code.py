@@ -38,6 +38,7 @@ CELLS = {  # flags, and the reason its training loader cannot continue mid-epoch
     "demo-transformer": ([*TRANSFORMER, *UNMONITORED, "--trainer.limit_train_batches=6"], None),
     "reduce-lr-on-plateau": (AUTOENCODER, None),
     "manual-optimization": (MANUAL, None),
+    "manual-accumulation": ([*MANUAL, "--model.accumulate=2"], None),  # stopped between two steps
     "lazy-layers": ([*AUTOENCODER, "--model.lazy=true"], None),
     "two-validation-loaders": (
         [*MANUAL, "--data.val_loaders=2", *PER_LOADER],

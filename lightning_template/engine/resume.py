@@ -267,8 +267,8 @@ class ResumeCheckpoint(ModelCheckpoint):
 class ExactResume(Callback):
     """The training side of exact resume, in every run (see the module's docstring). Read top to bottom:
     - `setup`: the training loader is wrapped to continue from the loop's position (`resumable_loader`);
-    - `state_dict`: what a mid-epoch resume must find the same (batch size, world size, streamed workers), and
-      what a ReduceLROnPlateau waits for;
+    - `state_dict`: what a mid-epoch resume must find the same (batch size, world size, streamed workers), what
+      a ReduceLROnPlateau waits for, and in manual optimization the gradients not yet stepped with;
     - `on_train_start`: signal handlers, the per-batch seeding, and, when resumed, each way Lightning's restored
       loop differs from the run never stopped, put right or said in one line;
     - the per-batch seeding; the graceful stop at a step boundary; `_restore` undoes what `on_train_start` did.
@@ -319,6 +319,9 @@ class ExactResume(Callback):
         }
         if isinstance(loader, ResumesFromLoop) and loader.worker_dependent:  # streamed: workers own chunk shares
             state["num_workers"] = loader.num_workers
+        if not trainer.lightning_module.automatic_optimization:  # gradients accumulated by hand, not yet stepped with
+            params = trainer.lightning_module.named_parameters()
+            state["gradients"] = {name: p.grad.detach().cpu() for name, p in params if p.grad is not None}
         if plateaus := plateau_schedulers(trainer):
             # What a plateau scheduler reads, which a checkpoint does not otherwise hold: the monitored metrics as
             # they are now (a resumed run has logged none yet), and whether this epoch's end step is still due.
@@ -367,6 +370,9 @@ class ExactResume(Callback):
         self._iterate_anew = not trainer.fit_loop.restarted_mid_epoch
         self._restore_plateau_schedulers(trainer)
         self._restore_frozen_parts(trainer)
+        params = dict(pl_module.named_parameters())
+        for name, grad in self._saved.get("gradients", {}).items():
+            params[name].grad = grad.to(params[name].device)
         at_its_end = (stops_here and may_stop_early(trainer)) or starts_no_epoch(trainer)
         warn_if_swa_has_ended(trainer, at_its_end=at_its_end)
         if trainer.world_size > 1 and not pl_module.automatic_optimization and (names := own_buffers(pl_module)):
