@@ -86,6 +86,20 @@ class LitAutoEncoder(LightningModule):
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "monitor": "val_loss"}}
 
 
+class NoisyAutoEncoder(LitAutoEncoder):
+    """A denoising autoencoder: noise on its inputs drawn from a torch.Generator of its own, seeded once."""
+
+    def __init__(self, lr: float = 1e-3) -> None:
+        super().__init__(lr)
+        self.noise = torch.Generator().manual_seed(0)
+
+    def loss(self, batch) -> torch.Tensor:
+        x, _ = batch
+        x = x.view(x.size(0), -1)
+        noisy = x + 0.1 * torch.randn(x.shape, generator=self.noise)
+        return F.mse_loss(self.decoder(self.encoder(noisy)), x)
+
+
 class InputShift(Callback):
     """A curriculum set up as each epoch starts, keeping nothing in the checkpoint: inputs shifted by 0.1 an epoch."""
 

@@ -120,6 +120,34 @@ def test_an_epoch_set_up_by_a_callback_that_keeps_no_state_is_named_at_a_resume_
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        pytest.param(
+            ["--model=tests.foreign_code.NoisyAutoEncoder", "--data=tests.foreign_code.ImagesData"],
+            "the module draws from a torch.Generator of its own (noise), which no checkpoint holds",
+            id="generator-of-its-own",
+        ),
+        pytest.param(
+            [
+                *AUTOENCODER,
+                "--trainer.callbacks+=lightning.pytorch.callbacks.ModelPruning",
+                "--trainer.callbacks.pruning_fn=l1_unstructured",
+                "--trainer.callbacks.amount=0.2",
+            ],
+            "Lightning's ModelPruning saves the pruned weights without their masks",
+            id="model-pruning",
+        ),
+    ],
+)
+def test_state_that_no_checkpoint_holds_is_said_at_the_resume(args, said, tmp_path, monkeypatch) -> None:
+    full = fit(tmp_path / "full", monkeypatch, [*args, *RUN])
+    fit(tmp_path / "cut", monkeypatch, [*args, *RUN, *sigterm_at(epoch=1, batch=2)])
+    resumed = fit(tmp_path / "cut", monkeypatch, [*args, *RUN, "--ckpt_path=last"])
+    assert not any(said in line for line in full) and any(said in line for line in resumed), full + resumed
+
+
+@pytest.mark.slow
 def test_epoch_level_metrics_of_a_run_resumed_twice_are_the_run_never_stopped(tmp_path: Path, monkeypatch) -> None:
     """A mean and a max of `self.log(..., on_epoch=True)`, a sum logged in `on_train_batch_end`, torchmetrics metrics
     logged by training and by a validation every 3 batches, and a lowest validation loss gathered across epochs: a run

@@ -33,6 +33,7 @@ from lightning import Callback, LightningModule, Trainer
 from lightning.pytorch.callbacks import (
     GradientAccumulationScheduler,
     ModelCheckpoint,
+    ModelPruning,
     StochasticWeightAveraging,
     WeightAveraging,
 )
@@ -131,6 +132,30 @@ def stateless_epoch_setups(trainer: Trainer, module: LightningModule) -> list[st
     ):
         hooks.append(f"{type(module).__name__}.on_train_epoch_start")
     return hooks
+
+
+def warn_of_state_no_checkpoint_holds(trainer: Trainer, module: LightningModule) -> None:
+    """At any resume, in one line each: a `torch.Generator` of the module's own (unless the module keeps a state of
+    its own in the checkpoint), and Lightning's ModelPruning (whose checkpoint holds the pruned weights without their
+    masks), which the resumed run cannot continue."""
+    keeps_state = is_overridden("on_save_checkpoint", module, LightningModule)
+    generators = [
+        f"{prefix}.{attribute}".lstrip(".")
+        for prefix, part in module.named_modules()
+        for attribute, value in vars(part).items()
+        if isinstance(value, torch.Generator)
+    ]
+    if generators and not keeps_state:
+        rank_zero_warn(
+            f"ExactResume: the module draws from a torch.Generator of its own ({few(generators)}), which no checkpoint"
+            " holds: it starts again from its seed, so its draws are not the run never stopped (draw from torch's"
+            " global generator, which the engine seeds at every batch, or keep its get_state() in on_save_checkpoint)."
+        )
+    if any(isinstance(callback, ModelPruning) for callback in trainer.callbacks):
+        rank_zero_warn(
+            "ExactResume: Lightning's ModelPruning saves the pruned weights without their masks, so the resumed run"
+            " trains the pruned weights again until its next pruning: it is not the run never stopped."
+        )
 
 
 def few(names: list[str]) -> str:
@@ -370,6 +395,7 @@ class ExactResume(Callback):
         self._iterate_anew = not trainer.fit_loop.restarted_mid_epoch
         self._restore_plateau_schedulers(trainer)
         self._restore_frozen_parts(trainer)
+        warn_of_state_no_checkpoint_holds(trainer, pl_module)
         params = dict(pl_module.named_parameters())
         for name, grad in self._saved.get("gradients", {}).items():
             params[name].grad = grad.to(params[name].device)
