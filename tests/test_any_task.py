@@ -11,6 +11,7 @@ import csv
 import os
 import re
 import signal
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -74,6 +75,25 @@ def test_a_plain_task_stopped_by_sigterm_resumes_exactly(tmp_path: Path, monkeyp
     command with --ckpt_path last. In separate processes of train.py: the test below."""
     args = [*PLAIN, *SHORT, "--data.train_size=160", "--trainer.enable_progress_bar=false"]
     assert resumed_in_this_process(tmp_path, monkeypatch, args, sigterm_at(epoch=1, batch=2)) == 10
+
+
+def test_a_finished_run_continued_from_its_last_checkpoint_trains_nothing_and_says_nothing(tmp_path, monkeypatch):
+    """Its last.ckpt was written after the last epoch's validation and end: no validation was skipped."""
+    monkeypatch.chdir(tmp_path)
+    args = [
+        "fit",
+        *PLAIN,
+        *SHORT,
+        "--trainer.max_epochs=1",
+        "--data.train_size=320",
+        "--trainer.enable_progress_bar=false",
+    ]
+    ProjectCLI(args=args)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        again = ProjectCLI(args=[*args, "--ckpt_path=last"])
+    assert again.trainer.global_step == 10
+    assert not [str(w.message) for w in caught if str(w.message).startswith("ExactResume")]
 
 
 def test_a_run_logged_to_csv_keeps_the_stopped_runs_rows_when_resumed(tmp_path: Path, monkeypatch) -> None:

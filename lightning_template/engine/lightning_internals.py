@@ -231,7 +231,11 @@ def skips_due_validation(trainer: Trainer) -> bool:
 
 def skips_due_validation_at_its_end(trainer: Trainer) -> bool:
     """`skips_due_validation` for a run resumed at its end (`max_steps` reached): Lightning skips its whole loop, so
-    no restart stage was read from the restored progress."""
+    no restart stage was read from the restored progress. A run ended with its last epoch (its validation and end
+    included) skipped nothing."""
+    epochs = trainer.fit_loop.epoch_progress.current
+    if epochs.completed == epochs.started:
+        return False
     epoch_loop = trainer.fit_loop.epoch_loop
     epoch_loop.update_restart_stage()  # and its validation loop's (the fit loop's, which would shift the epoch, not)
     try:
