@@ -526,8 +526,8 @@ class ExactResume(Callback):
         if refrozen:
             rank_zero_info(
                 f"ExactResume: {len(refrozen)} parameter tensors ({few(refrozen)}) train again, as when the checkpoint"
-                " was written: this run's setup froze them (a fine-tuning callback unfreezes them at an epoch's start,"
-                " which has passed)."
+                " was written: this run's setup froze them (a fine-tuning callback or the module's own code unfroze"
+                " them before that, and does not again)."
             )
         if thawed:
             rank_zero_warn(
