@@ -78,36 +78,41 @@ def test_a_plain_task_stopped_by_sigterm_resumes_exactly(tmp_path: Path, monkeyp
 
 
 def test_a_finished_run_continued_from_its_last_checkpoint_trains_nothing_and_says_nothing(tmp_path, monkeypatch):
-    """Its last.ckpt was written after the last epoch's validation and end: no validation was skipped."""
+    """Its last.ckpt was written after the last epoch's validation and end: no validation was skipped. Its CSV log
+    keeps one row of final metrics: those logged at or after the checkpoint's step are logged again."""
     monkeypatch.chdir(tmp_path)
-    args = [
-        "fit",
-        *PLAIN,
-        *SHORT,
-        "--trainer.max_epochs=1",
-        "--data.train_size=320",
-        "--trainer.enable_progress_bar=false",
-    ]
+    csv_logger = ["--trainer.logger=lightning.pytorch.loggers.CSVLogger", "--trainer.logger.save_dir=logs"]
+    args = ["fit", *PLAIN, *SHORT, "--trainer.max_epochs=1", "--data.train_size=320", *csv_logger]
     ProjectCLI(args=args)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         again = ProjectCLI(args=[*args, "--ckpt_path=last"])
     assert again.trainer.global_step == 10
     assert not [str(w.message) for w in caught if str(w.message).startswith("ExactResume")]
+    with open(next(tmp_path.glob("logs/*/version_0/metrics.csv")), newline="") as f:
+        assert sum(bool(row["final/val_loss"]) for row in csv.DictReader(f)) == 1
 
 
 def test_a_run_logged_to_csv_keeps_the_stopped_runs_rows_when_resumed(tmp_path: Path, monkeypatch) -> None:
     """Lightning's CSV writer deletes the metrics.csv of the folder it starts in, which a resumed run continues: the
-    stopped run's rows stay, and the file ends with every value of the run never stopped."""
-    csv_logger = ["--trainer.logger=lightning.pytorch.loggers.CSVLogger", "--trainer.logger.save_dir=logs"]
+    stopped run's rows stay, and the file ends with every value of the run never stopped. Resumed from a checkpoint
+    older than what the run logged (killed, as by the OOM killer, after its last.ckpt), the rows of the steps after
+    it are logged again, once."""
+    csv_logger = [
+        "--trainer.logger=lightning.pytorch.loggers.CSVLogger", "--trainer.logger.save_dir=logs",
+        "--trainer.logger.flush_logs_every_n_steps=1", "--trainer.log_every_n_steps=1",
+    ]  # fmt: skip
     args = [*PLAIN, *SHORT, "--data.train_size=160", "--trainer.enable_progress_bar=false", *csv_logger]
     resumed_in_this_process(tmp_path, monkeypatch, args, sigterm_at(epoch=1, batch=2))
+    killed = [*sigterm_at(epoch=1, batch=3)[:-1], f"--trainer.callbacks.signum={int(signal.SIGKILL)}"]
+    train_process(["fit", *args, *killed], tmp_path / "killed", expect=-signal.SIGKILL)
+    train_process(["fit", *args, "--ckpt_path=last"], tmp_path / "killed")
 
     def logged(run: str) -> list[tuple[str, str, str]]:
         with open(next((tmp_path / run).glob("logs/*/version_0/metrics.csv")), newline="") as f:
             return sorted((row["step"], key, value) for row in csv.DictReader(f) for key, value in row.items() if value)
 
-    assert logged("cut") == logged("full") and ("4", "train_loss") in {row[:2] for row in logged("cut")}
+    assert logged("cut") == logged("full") == logged("killed") and ("4", "train_loss") in {r[:2] for r in logged("cut")}
 
 
 @pytest.mark.slow
@@ -169,19 +174,24 @@ def test_a_plain_task_under_ddp_resumes_exactly(tmp_path: Path) -> None:
     ("args", "said"),
     [
         pytest.param([*PLAIN, "--model.sync_val_loss=false"], "--early_stopping.monitor val_loss", id="early-stopping"),
-        pytest.param(PLATEAU_ON_VAL_LOSS, "the scheduler's monitor val_loss", id="plateau-scheduler"),
+        pytest.param(PLATEAU_ON_VAL_LOSS, "the plateau scheduler's monitor val_loss", id="plateau-scheduler"),
+        pytest.param(["--model=tests.plain_task.MetricRegressor", PLAIN[1]], None, id="the-same-in-every-process"),
     ],
 )
-def test_a_monitored_value_each_ddp_process_logs_as_its_own_is_refused_in_one_line(
-    args: list[str], said: str, tmp_path: Path
+def test_a_monitored_value_that_differs_between_ddp_processes_is_refused_in_one_line(
+    args: list[str], said: str | None, tmp_path: Path
 ) -> None:
     """Logged without sync_dist=True, each process's val_loss is that of its own shard: early stopping and the best
-    checkpoint would decide apart in each process (which then wait for each other in different collectives), and a
-    plateau scheduler would give each process its own learning rate."""
+    checkpoint would decide by it in each process (which can then wait for each other in different collectives), and a
+    plateau scheduler would give each process its own learning rate. A value the same in every process (a synced
+    metric's `compute()`) trains, as does a monitor in the config of a scheduler that reads none."""
     env = {k: v for k, v in os.environ.items() if k not in {"MASTER_PORT", "MASTER_ADDR"}} | ONE_THREAD
     ddp = ["--trainer.strategy=ddp", "--trainer.accelerator=cpu", "--trainer.devices=2"]
-    done = train_process(["fit", *args, *SHORT, *ddp], tmp_path, expect=1, env=env, timeout=300)
-    assert f"\nError: {said}: under DDP each process logged its own 'val_loss'" in done.stderr
+    done = train_process(["fit", *args, *SHORT, *ddp], tmp_path, expect=1 if said else 0, env=env, timeout=300)
+    if said is None:
+        assert "Error" not in done.stderr
+        return
+    assert f"\nError: {said}: under DDP the processes logged different values of 'val_loss'" in done.stderr
     assert f"\n[rank: 1] Error: {said}:" in done.stderr  # each process refuses at the same place: none waits
     assert "self.log('val_loss', ..., sync_dist=True)" in done.stderr and "Traceback" not in done.stderr
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import signal
 import sys
 import time
+import warnings
 from pathlib import Path
 
 import pytest
@@ -163,3 +164,10 @@ def test_the_epoch_line_shows_the_true_mean_loss_whatever_the_accumulation(tmp_p
         line = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("epoch 1/1"))
         shown.append(float(line.split("train_loss ")[1].split()[0]))
     assert shown[0] == pytest.approx(shown[1], rel=1e-3) and shown[0] > 0.01
+
+
+def test_the_engines_warnings_print_as_their_line_and_any_other_keeps_its_place() -> None:
+    engine_file = str(ROOT / "lightning_template" / "engine" / "resume.py")
+    assert warnings.formatwarning("ExactResume: a line.", UserWarning, engine_file, 10) == "ExactResume: a line.\n"
+    task_file = str(ROOT / "lightning_template" / "tasks" / "loaders.py")
+    assert warnings.formatwarning("a user's warning", UserWarning, task_file, 3).startswith(f"{task_file}:3: ")

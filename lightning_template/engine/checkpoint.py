@@ -387,8 +387,8 @@ def restore_datamodule(cli: LightningCLI, record: RunCheckpoint, given: list[str
     # model's are: the datamodule's attributes of the same names that loading the state set to another value.
     explicit = _given_settings(cli, given, "data") if cli.config.get("subcommand") else {}
     held = vars(datamodule)
-    replaced = [k for k, v in explicit.items() if held.get(k, v) is not before.get(k, v) and str(held[k]) != str(v)]
-    changed = [f"--data.{k} {explicit[k]!r} (checkpoint: {held[k]!r})" for k in replaced]
+    replaced = [k for k, v in explicit.items() if held.get(k, v) is not before.get(k, v) and str(held.get(k)) != str(v)]
+    changed = [f"--data.{k} {explicit[k]!r} (checkpoint: {held.get(k)!r})" for k in replaced]
     if changed:
         raise ConfigError(
             f"--ckpt_path {record.path}: the data is as the checkpoint saved it ({type(datamodule).__name__}'s"

@@ -388,7 +388,7 @@ class ProjectCLI(CLIHooks):
             for logger in self.trainer.loggers:
                 _ = logger.version
                 if self.run_checkpoint is not None:  # the resumed run's folder, whose metrics.csv goes on
-                    keep_csv_metrics(logger)
+                    keep_csv_metrics(logger, self.run_checkpoint.global_step)
         for callback in self.trainer.callbacks:
             if isinstance(callback, SaveConfigToRun):  # a run refused before its first step removes what it made
                 callback.note_new_folder(self.trainer)

@@ -94,7 +94,7 @@ LIGHTNING_LINES = (
     "Loading `train_dataloader` to estimate number of stepping batches.",  # the schedule's step count, not news
     "An SIGTERMException was raised with message:",  # a stop asked for: ExactResume says where it stopped
 )
-PACKAGE = Path(__file__).resolve().parent.parent  # lightning_template/
+ENGINE = Path(__file__).resolve().parent  # lightning_template/engine/
 LIBRARY_WARNINGS = (
     # torch deprecated LeafSpec, which Lightning's own pytree helper still uses: nothing the user wrote calls it.
     (r"`isinstance\(treespec, LeafSpec\)` is deprecated", FutureWarning, r"lightning\.pytorch\.utilities\._pytree"),
@@ -102,11 +102,11 @@ LIBRARY_WARNINGS = (
 
 
 def _project_warnings_as_lines(format_warning: Any) -> Any:
-    """Python's (or Lightning's) warning format, but a warning of this package's is its one line alone: its message
-    names what it is about (`ExactResume: ...`), not the engine's file and line."""
+    """Python's (or Lightning's) warning format, but a warning the engine gives is its one line alone: its message
+    names what it is about (`ExactResume: ...`), not the engine's file and line. Any other keeps its place."""
 
     def format(message: Any, category: type[Warning], filename: str, lineno: int, line: str | None = None) -> str:
-        if Path(filename).is_relative_to(PACKAGE):
+        if Path(os.path.realpath(filename)).is_relative_to(ENGINE):
             return f"{message}\n"
         return format_warning(message, category, filename, lineno, line)
 
@@ -122,7 +122,7 @@ class _DropLines(logging.Filter):
 def quiet_library_noise() -> None:
     """Drop the lines of LIGHTNING_LINES from Lightning's console log and the warnings of LIBRARY_WARNINGS raised
     inside those libraries (each filter once per process), and the torch profiler's own log lines; print this
-    package's warnings as their one line."""
+    engine's warnings as their one line."""
     # Kineto, the torch profiler's library (configs/presets/profile_torch.yaml), prints `USDT:` lines at its start
     # and stop, and an error for a missing GPU, below level 6; it reads the level when a profiler first starts.
     os.environ.setdefault("KINETO_LOG_LEVEL", "6")

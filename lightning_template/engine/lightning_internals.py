@@ -25,7 +25,6 @@ USED = (
     ("trainer", "fit_loop._data_source"),
     ("trainer", "fit_loop.epoch_loop._results"),
     ("trainer", "fit_loop.epoch_loop.val_loop._results"),
-    ("trainer", "fit_loop.epoch_loop._results._forked_name"),
     ("trainer", "fit_loop._restarting"),
     ("trainer", "fit_loop._can_stop_early"),
     ("trainer", "fit_loop.epoch_loop.val_loop._has_run"),
@@ -91,20 +90,6 @@ def add_epoch_sums(trainer: Trainer, sums: dict[str, dict[str, Any]]) -> None:
         else:  # max or min
             result.value = result.meta.reduce_fx(value, result.value)
         result._computed = None
-
-
-def logged_per_process(trainer: Trainer) -> set[str]:
-    """The names (as callbacks read them) of the values the module logged without `sync_dist=True`: under DDP each
-    process holds its own. A torchmetrics metric syncs itself."""
-    loop = trainer.fit_loop.epoch_loop
-    return {
-        name
-        for results in (loop._results, loop.val_loop._results)
-        for result in results.values()
-        if result.is_tensor and not result.meta.sync.should
-        for on_step in (True, False)
-        for name in results._forked_name(result, on_step)
-    }
 
 
 def metrics_lightning_resets(trainer: Trainer) -> tuple[list[Any], list[Any]]:

@@ -3,20 +3,21 @@
 The job states the metric (`--checkpoint.monitor`, `--early_stopping.monitor`; configs/defaults.yaml watches
 `val_loss`, which any task can log, and a classification job `val_acc`); `null` turns either off. A monitored
 metric that the model never logs is an error at the end of the first validation, naming the metrics that were
-logged (`MonitoredMetrics`). Under DDP, so is a monitored value each process logged as its own (without
-`sync_dist=True`): the processes would decide apart, and wait for each other in different places.
+logged (`MonitoredMetrics`). Under DDP, so is a monitored value that differs between the processes (logged without
+`sync_dist=True`): each would judge by its own, and the processes part or wait for each other.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+import torch
 from lightning import Callback, LightningModule, Trainer
 from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
 from lightning.pytorch.callbacks.early_stopping import EarlyStoppingReason
 
 from lightning_template.engine.errors import ConfigError
-from lightning_template.engine.lightning_internals import logged_per_process, reads_at_train_epoch_end
+from lightning_template.engine.lightning_internals import reads_at_train_epoch_end
 
 
 class BestCheckpoint(ModelCheckpoint):
@@ -81,18 +82,28 @@ def unlogged(callback: Callback, trainer: Trainer) -> bool:
 
 
 def refuse_per_process_monitors(trainer: Trainer) -> None:
-    """Under DDP, a value that a callback or a plateau scheduler watches must be the same in every process."""
+    """Under DDP, a value that a callback or a plateau scheduler watches must be the same in every process (logged
+    with `sync_dist=True`, a torchmetrics metric, or equal by construction): compared in one collective."""
     if trainer.world_size == 1:
         return
     watched = [(option_of(c), c.monitor) for c in trainer.callbacks if isinstance(getattr(c, "monitor", None), str)]
-    watched += [("the scheduler's monitor", config.monitor) for config in trainer.lr_scheduler_configs]
-    per_process = logged_per_process(trainer)
-    for option, monitor in watched:
-        if monitor in per_process:
+    if trainer.lightning_module.automatic_optimization:  # in manual optimization the module steps its schedulers
+        plateaus = [c.monitor for c in trainer.lr_scheduler_configs if c.reduce_on_plateau and c.monitor]
+        watched += [("the plateau scheduler's monitor", monitor) for monitor in plateaus]
+    watched = [(option, monitor) for option, monitor in watched if monitor]
+    if not watched:
+        return
+    logged = trainer.callback_metrics
+    mine = [float(logged[m]) if m in logged and logged[m].numel() == 1 else float("nan") for _, m in watched]
+    every = trainer.strategy.all_gather(torch.tensor(mine, device=trainer.strategy.root_device)).cpu()
+    for (option, monitor), values in zip(watched, every.T, strict=True):
+        if not (values.isnan().all() or (values == values[0]).all()):
             raise ConfigError(
-                f"{option} {monitor}: under DDP each process logged its own {monitor!r}, so each would decide by"
-                f" its own value and the processes would part: log it with self.log({monitor!r}, ...,"
-                " sync_dist=True), or as a torchmetrics metric (which syncs itself)."
+                f"{option} {monitor}: under DDP the processes logged different values of {monitor!r}"
+                f" ({', '.join(f'{v:.6g}' for v in values.tolist())}): each would judge by its own (the best"
+                " checkpoint and its file name, early stopping, a plateau scheduler's learning rate), and the"
+                f" processes part or wait for each other. Log it with self.log({monitor!r}, ..., sync_dist=True), or"
+                " as a torchmetrics metric (which syncs itself)."
             )
 
 
@@ -101,8 +112,8 @@ class MonitoredMetrics(Callback):
     must be among the logged metrics: otherwise a one-line error names the option and what was logged. Metrics of
     the training loop (named `train...`), logged only once training runs, are checked after the first validation of
     training, unless their callback reads them at the training epoch's end (where a metric logged once an epoch is
-    known): Lightning's check there. Under DDP, each validation and training epoch's end also checks that no monitored
-    value is each process's own (`refuse_per_process_monitors`)."""
+    known): Lightning's check there. Under DDP, each validation and training epoch's end also checks that every
+    monitored value is the same in every process (`refuse_per_process_monitors`)."""
 
     def __init__(self) -> None:
         self.checked = False

@@ -116,22 +116,19 @@ def own_buffers(module: LightningModule) -> list[str]:
 
 
 def stateless_epoch_setups(trainer: Trainer, module: LightningModule) -> list[str]:
-    """The user's `on_train_epoch_start` hooks (the module's, callbacks' other than Lightning's and the engine's) of
-    objects that keep nothing in the checkpoint (no `on_save_checkpoint`, a callback no `state_dict`): what they set
-    up for an epoch is not there in an epoch resumed in its middle, for which Lightning does not run them again."""
-    ours = ("lightning.", "pytorch_lightning.", "lightning_template.engine.")
-    hooks = [
-        f"{type(callback).__name__}.on_train_epoch_start"
-        for callback in trainer.callbacks
-        if is_overridden("on_train_epoch_start", callback, Callback)
-        and not type(callback).__module__.startswith(ours)
-        and not any(is_overridden(keeps, callback, Callback) for keeps in ("state_dict", "on_save_checkpoint"))
-    ]
-    if is_overridden("on_train_epoch_start", module, LightningModule) and not is_overridden(
-        "on_save_checkpoint", module, LightningModule
-    ):
-        hooks.append(f"{type(module).__name__}.on_train_epoch_start")
-    return hooks
+    """The user's `on_train_epoch_start` hooks (the module's, callbacks' whose hook is not Lightning's or the
+    engine's) of objects that keep nothing in the checkpoint (no `on_save_checkpoint`, a callback no `state_dict`):
+    what they set up for an epoch is not there in an epoch resumed in its middle, where Lightning does not run them."""
+
+    def users(hook_owner: object, base: type) -> bool:
+        defined_in = next(c for c in type(hook_owner).__mro__ if "on_train_epoch_start" in vars(c))
+        keeps = ("state_dict", "on_save_checkpoint") if base is Callback else ("on_save_checkpoint",)
+        ours = defined_in.__module__.startswith(("lightning.", "pytorch_lightning.", f"{__package__}."))
+        return not ours and not any(is_overridden(name, hook_owner, base) for name in keeps)
+
+    owners = [c for c in trainer.callbacks if not isinstance(c, EPOCH_SETUPS) and users(c, Callback)]
+    owners += [module] if users(module, LightningModule) else []
+    return [f"{type(owner).__name__}.on_train_epoch_start" for owner in owners]
 
 
 def warn_of_state_no_checkpoint_holds(trainer: Trainer, module: LightningModule) -> None:
@@ -149,7 +146,8 @@ def warn_of_state_no_checkpoint_holds(trainer: Trainer, module: LightningModule)
         rank_zero_warn(
             f"ExactResume: the module draws from a torch.Generator of its own ({few(generators)}), which no checkpoint"
             " holds: it starts again from its seed, so its draws are not the run never stopped (draw from torch's"
-            " global generator, which the engine seeds at every batch, or keep its get_state() in on_save_checkpoint)."
+            " global generator, which the engine seeds at every batch, or keep its get_state() in on_save_checkpoint"
+            " and give it back with set_state() in on_load_checkpoint)."
         )
     if any(isinstance(callback, ModelPruning) for callback in trainer.callbacks):
         rank_zero_warn(
@@ -316,6 +314,7 @@ class ExactResume(Callback):
         self._undo_batch_hooks: Callable[[], None] | None = None
         self._seeded_at_hand_over = False  # batches reach the module's batch hooks (no `dataloader_iter` step)
         self._epoch_setups: list[Callback] = []  # run at a restarted epoch's first batch (EPOCH_SETUPS)
+        self._gradients_pending = False  # in manual optimization: a backward pass since the last optimizer step
 
     # -- the training loader: made to continue from the loop's position --------------------------
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
@@ -344,7 +343,7 @@ class ExactResume(Callback):
         }
         if isinstance(loader, ResumesFromLoop) and loader.worker_dependent:  # streamed: workers own chunk shares
             state["num_workers"] = loader.num_workers
-        if not trainer.lightning_module.automatic_optimization:  # gradients accumulated by hand, not yet stepped with
+        if self._gradients_pending:  # manual optimization: a backward pass since the last step (accumulated by hand)
             params = trainer.lightning_module.named_parameters()
             state["gradients"] = {name: p.grad.detach().cpu() for name, p in params if p.grad is not None}
         if plateaus := plateau_schedulers(trainer):
@@ -364,6 +363,7 @@ class ExactResume(Callback):
         self._seeded_at_hand_over = False
         self._trainer_loop_skipped = False
         self._epoch_setups = []
+        self._gradients_pending = False
         if self._inexact and not trainer.fit_loop.restarted_mid_epoch:
             rank_zero_warn(
                 f"ExactResume: {self._inexact}, which cannot continue from the middle of an epoch: a run stopped there"
@@ -396,9 +396,7 @@ class ExactResume(Callback):
         self._restore_plateau_schedulers(trainer)
         self._restore_frozen_parts(trainer)
         warn_of_state_no_checkpoint_holds(trainer, pl_module)
-        params = dict(pl_module.named_parameters())
-        for name, grad in self._saved.get("gradients", {}).items():
-            params[name].grad = grad.to(params[name].device)
+        self._restore_pending_gradients(pl_module)
         at_its_end = (stops_here and may_stop_early(trainer)) or starts_no_epoch(trainer)
         warn_if_swa_has_ended(trainer, at_its_end=at_its_end)
         if trainer.world_size > 1 and not pl_module.automatic_optimization and (names := own_buffers(pl_module)):
@@ -431,8 +429,9 @@ class ExactResume(Callback):
         if hooks := stateless_epoch_setups(trainer, pl_module):
             rank_zero_warn(
                 f"ExactResume: resuming epoch {trainer.current_epoch} after {done} batches: Lightning does not run"
-                f" {few(hooks)} again for it, and what it sets up for the epoch is in no checkpoint (keep it in"
-                " state_dict or on_save_checkpoint, or set it up where it is used)."
+                f" {few(hooks)} again for it, so whatever that sets up for the epoch (a curriculum, a dataset's"
+                " epoch) is not set up here, and no checkpoint holds it: keep it in state_dict or on_save_checkpoint,"
+                " or set it up where it is used."
             )
         if self._inexact:
             rank_zero_warn(
@@ -548,6 +547,27 @@ class ExactResume(Callback):
                 " already trained cannot be skipped exactly. Resume with the original --data.batch_size,"
                 " --trainer.devices/num_nodes (and --data.num_workers for streamed data), or from a checkpoint"
                 " written at the end of an epoch."
+            )
+
+    # -- gradients accumulated by hand (manual optimization) ----------------------------------
+    def on_after_backward(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._gradients_pending = not pl_module.automatic_optimization
+
+    def on_before_optimizer_step(self, trainer: Trainer, pl_module: LightningModule, optimizer: Any) -> None:
+        self._gradients_pending = False
+
+    def _restore_pending_gradients(self, module: LightningModule) -> None:
+        params = dict(module.named_parameters())
+        saved = self._saved.get("gradients", {}) if self._saved else {}
+        fits = {n: g for n, g in saved.items() if n in params and params[n].shape == g.shape}
+        for name, grad in fits.items():
+            params[name].grad = grad.to(params[name].device, params[name].dtype)
+        self._gradients_pending = bool(fits)
+        if len(fits) < len(saved):
+            rank_zero_warn(
+                f"ExactResume: {few(sorted(saved.keys() - fits.keys()))}: the checkpoint's gradients not yet stepped"
+                " with do not fit these parameters (another model or strategy), so the step they belong to is taken"
+                " without them."
             )
 
     # -- one random stream per (seed, epoch, batch, rank) ---------------------------------------

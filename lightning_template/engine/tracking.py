@@ -160,19 +160,31 @@ def _log_artifact(logger: Logger, path: Path) -> None:
         logger.experiment.save(str(path), base_path=str(path.parent), policy="now")
 
 
-def keep_csv_metrics(logger: Logger) -> None:
+def keep_csv_metrics(logger: Logger, resumed_at: int) -> None:
     """Lightning's CSV writer deletes the metrics.csv of the folder it starts in: a resumed run, which continues its
-    run's folder, gives the writer back the rows and columns the stopped run wrote, and appends to them."""
+    run's folder, gives the writer back the rows and columns the stopped run wrote, and appends to them. Rows of
+    steps from `resumed_at` (the checkpoint's step) on, which a run stopped later than its checkpoint (a crash, an
+    earlier checkpoint) wrote, are left out: the resumed run logs those steps again. The `final/` metrics of a run
+    that ended there stay (a run resumed at its end trains nothing, and logs none)."""
     path = Path(logger.log_dir) / "metrics.csv" if isinstance(logger, CSVLogger) else None
     if path is None or not path.is_file():
         return
-    written = path.read_bytes()
+    with open(path, newline="") as file:
+        reader = csv.DictReader(file)
+        rows = [row for row in reader if int(float(row["step"] or 0)) < resumed_at or _final_only(row)]
+        columns = list(reader.fieldnames or [])
     with warnings.catch_warnings():  # "Previous log files in this directory will be deleted": they are not
         warnings.filterwarnings("ignore", "Experiment logs directory")
         writer = logger.experiment
-    path.write_bytes(written)
-    with open(path, newline="") as file:
-        writer.metrics_keys = list(csv.DictReader(file).fieldnames or [])
+    with open(path, "w", newline="") as file:
+        kept = csv.DictWriter(file, fieldnames=columns)
+        kept.writeheader()
+        kept.writerows(rows)
+    writer.metrics_keys = columns
+
+
+def _final_only(row: dict[str, str]) -> bool:
+    return all(key.startswith("final/") or key in ("step", "epoch") for key, value in row.items() if value)
 
 
 def name_new_run(logger_class: str, init_args: Any) -> None:
