@@ -66,7 +66,7 @@ from lightning_template.engine.monitor import (
     monitoring_off,
 )
 from lightning_template.engine.predictions import CSVPredictionWriter
-from lightning_template.engine.process_group import ProcessGroupTeardown, ThawedParameterSync
+from lightning_template.engine.process_group import ProcessGroupTeardown, ThawedParameterSync, leave
 from lightning_template.engine.resume import ExactResume, ResumeCheckpoint
 from lightning_template.engine.tracking import (
     EXPERIMENT_ARG,
@@ -483,14 +483,14 @@ def exit_on_error(run: Callable[[], Any]) -> Any:
     try:
         return run()
     except SIGTERMException:  # stopped by SIGTERM or Ctrl-C after saving last.ckpt: not a success
-        sys.exit(128 + signal.SIGTERM)
+        leave(128 + signal.SIGTERM)
     except Exception as error:
         cause = project_error(error)
         if cause is None or debug_requested(sys.argv[1:]):
             raise
         rank = f"[rank: {rank_zero_only.rank}] " if getattr(rank_zero_only, "rank", 0) else ""  # DDP: each says it
         print(f"\n{rank}Error: {cause}\n(--debug or PROJECT_DEBUG=1 shows the traceback)", file=sys.stderr, flush=True)
-        sys.exit(1)
+        leave(1)
 
 
 def main() -> None:

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import atexit
+import os
+import sys
+from typing import NoReturn
 
 import torch
 import torch.distributed as dist
@@ -51,6 +54,17 @@ class ThawedParameterSync(Callback):
         for parameter, grad, anywhere in zip(thawed, averaged, used.tolist(), strict=True):
             if anywhere:
                 parameter.grad = grad
+
+
+def leave(code: int) -> NoReturn:
+    """Exit with `code` after a failed or stopped run. A process still in a process group leaves without the
+    interpreter's exit, where gloo's threads, freeing tensors, can abort it (SIGABRT) after its work is done: its
+    loggers were closed by Lightning as the run ended, and its output is flushed here."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    if dist.is_available() and dist.is_initialized():
+        os._exit(code)
+    sys.exit(code)
 
 
 def destroy_process_group() -> None:
