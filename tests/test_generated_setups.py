@@ -513,6 +513,12 @@ RANDOM_COLLATE = Setup(  # a collate_fn that masks at random, in the main proces
     data={"loader": "map", "batch_size": 16, "train_size": 112, "collate": "masking"}, trainer={"max_epochs": 2}
 )
 RANDOM_COLLATE_IN_WORKERS = replace(RANDOM_COLLATE, data={**RANDOM_COLLATE.data, "num_workers": 2})
+RANDOM_COLLATE_KEPT_LOADER = Setup(  # masks drawn in the persistent workers of a loader the engine keeps as it is
+    data={"loader": "batch_sampler", "batch_size": 16, "num_workers": 2, "train_size": 100, "drop_last": True,
+          "collate": "masking"},
+    trainer={"max_steps": 7, "limit_train_batches": 0.75, "check_val_every_n_epoch": 2},
+    step_checkpoints=2,
+)  # fmt: skip
 INSIDE_A_STEP = Setup(  # the best-epoch checkpoint of a validation every 3 batches, accumulating 2
     data={"loader": "map", "batch_size": 12},
     trainer={"accumulate_grad_batches": 2, "val_check_interval": 3, "max_steps": 7},
@@ -595,6 +601,12 @@ FOUND = [  # each ended otherwise on an earlier version
     ),
     pytest.param(
         RANDOM_COLLATE_IN_WORKERS, Stop("sigterm", 6), "exact", id="random-collate-in-workers-at-an-epoch-end"
+    ),
+    pytest.param(  # killed after the step checkpoint at the epoch's last batch: the workers' streams are not resumed
+        RANDOM_COLLATE_KEPT_LOADER,
+        Stop("kill", 1),
+        "warned",
+        id="random-collate-in-kept-persistent-workers-after-a-last-batch",
     ),
     pytest.param(
         STOCHASTIC_AVERAGE_STOPPED_EARLY,

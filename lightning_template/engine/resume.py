@@ -364,7 +364,9 @@ class ExactResume(Callback):
         self._trainer_loop_skipped = False
         self._epoch_setups = []
         self._gradients_pending = False
-        if self._inexact and not trainer.fit_loop.restarted_mid_epoch:
+        # Said at a run's start, and at a resume after an epoch's last batch (the next epoch starts from its start).
+        between_epochs = not trainer.fit_loop.restarted_mid_epoch or restored_after_last_batch(trainer)
+        if self._inexact and between_epochs:
             rank_zero_warn(
                 f"ExactResume: {self._inexact}, which cannot continue from the middle of an epoch: a run stopped there"
                 " (SIGTERM, Ctrl-C, a step checkpoint) resumes with that epoch's data from its start, not exactly."
