@@ -115,19 +115,25 @@ def own_buffers(module: LightningModule) -> list[str]:
     ]
 
 
+def keeps_own_state(owner: Callback | LightningModule) -> bool:
+    """Whether a callback or the module puts state of its own in the checkpoint (`state_dict`, `on_save_checkpoint`)."""
+    base = LightningModule if isinstance(owner, LightningModule) else Callback
+    hooks = ("on_save_checkpoint",) if base is LightningModule else ("state_dict", "on_save_checkpoint")
+    return any(is_overridden(hook, owner, base) for hook in hooks)
+
+
 def stateless_epoch_setups(trainer: Trainer, module: LightningModule) -> list[str]:
     """The user's `on_train_epoch_start` hooks (the module's, callbacks' whose hook is not Lightning's or the
     engine's) of objects that keep nothing in the checkpoint (no `on_save_checkpoint`, a callback no `state_dict`):
     what they set up for an epoch is not there in an epoch resumed in its middle, where Lightning does not run them."""
 
-    def users(hook_owner: object, base: type) -> bool:
+    def users(hook_owner: Callback | LightningModule) -> bool:
         defined_in = next(c for c in type(hook_owner).__mro__ if "on_train_epoch_start" in vars(c))
-        keeps = ("state_dict", "on_save_checkpoint") if base is Callback else ("on_save_checkpoint",)
         ours = defined_in.__module__.startswith(("lightning.", "pytorch_lightning.", f"{__package__}."))
-        return not ours and not any(is_overridden(name, hook_owner, base) for name in keeps)
+        return not ours and not keeps_own_state(hook_owner)
 
-    owners = [c for c in trainer.callbacks if not isinstance(c, EPOCH_SETUPS) and users(c, Callback)]
-    owners += [module] if users(module, LightningModule) else []
+    owners = [c for c in trainer.callbacks if not isinstance(c, EPOCH_SETUPS) and users(c)]
+    owners += [module] if users(module) else []
     return [f"{type(owner).__name__}.on_train_epoch_start" for owner in owners]
 
 
@@ -135,14 +141,13 @@ def warn_of_state_no_checkpoint_holds(trainer: Trainer, module: LightningModule)
     """At any resume, in one line each: a `torch.Generator` of the module's own (unless the module keeps a state of
     its own in the checkpoint), and Lightning's ModelPruning (whose checkpoint holds the pruned weights without their
     masks), which the resumed run cannot continue."""
-    keeps_state = is_overridden("on_save_checkpoint", module, LightningModule)
     generators = [
         f"{prefix}.{attribute}".lstrip(".")
         for prefix, part in module.named_modules()
         for attribute, value in vars(part).items()
         if isinstance(value, torch.Generator)
     ]
-    if generators and not keeps_state:
+    if generators and not keeps_own_state(module):
         rank_zero_warn(
             f"ExactResume: the module draws from a torch.Generator of its own ({few(generators)}), which no checkpoint"
             " holds: it starts again from its seed, so its draws are not the run never stopped (draw from torch's"
