@@ -142,12 +142,18 @@ def test_step_checkpoint_resumes_at_the_next_batch(tmp_path: Path, fashion_mnist
 
 
 @pytest.mark.slow
-def test_mid_epoch_validation_checkpoint_resumes_in_its_own_epoch(tmp_path: Path, fashion_mnist_dir) -> None:
-    """val_check_interval < 1: the last checkpoint of epoch 0 is written at its last validation, inside the
-    epoch; the resumed run must not apply the skip to epoch 1."""
-    full = _fit(tmp_path / "full", max_epochs=2, val_check_interval=0.5)
-    _fit(tmp_path / "cut", StopAfterEpoch(0), max_epochs=2, val_check_interval=0.5)
-    resumed = _fit(tmp_path / "cut", max_epochs=2, val_check_interval=0.5, ckpt_path=str(tmp_path / "cut/last.ckpt"))
+@pytest.mark.parametrize("schedule", [{"val_check_interval": 0.5}, {"check_val_every_n_epoch": 2}], ids=str)
+def test_a_validation_after_an_epochs_last_batch_leaves_last_ckpt_at_the_epochs_end(
+    schedule: dict[str, Any], tmp_path: Path, fashion_mnist_dir
+) -> None:
+    """Validation inside the epoch (several per epoch) or every other epoch runs after the epoch's last batch, before
+    the epoch's end: last.ckpt is rewritten at that end, so a run stopped there resumes at the next epoch, not inside
+    the one it finished (whose end it had already logged), and ends as the run never stopped."""
+    full = _fit(tmp_path / "full", max_epochs=4, **schedule)
+    _fit(tmp_path / "cut", StopAfterEpoch(1), max_epochs=4, **schedule)
+    epochs = torch.load(tmp_path / "cut/last.ckpt", weights_only=True)["loops"]["fit_loop"]["epoch_progress"]
+    assert epochs["current"]["started"] == epochs["current"]["processed"] == 2
+    resumed = _fit(tmp_path / "cut", max_epochs=4, ckpt_path=str(tmp_path / "cut/last.ckpt"), **schedule)
     assert same_state(full.lightning_module.state_dict(), resumed.lightning_module.state_dict())
     assert full.callback_metrics["val_loss"].item() == resumed.callback_metrics["val_loss"].item()
 

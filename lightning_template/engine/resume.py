@@ -262,6 +262,13 @@ class ResumeCheckpoint(ModelCheckpoint):
         # The file already holds this step: a resume refused at start must not overwrite it.
         mark_saved_at(self, checkpoint["global_step"])
 
+    def on_validation_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        # A validation after an epoch's last batch (check_val_every_n_epoch > 1, val_check_interval < 1) is saved
+        # by the epoch's end that follows: written here, the run would resume into an epoch already trained, whose
+        # end it logged before it stopped.
+        if not (inside_an_epoch(trainer) and epoch_ran_out(trainer)):
+            super().on_validation_end(trainer, pl_module)
+
     def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         super().on_train_epoch_end(trainer, pl_module)
         # ModelCheckpoint saves after validation when validation runs inside the epoch (val_check_interval < 1,
