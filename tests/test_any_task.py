@@ -116,6 +116,24 @@ def test_a_run_logged_to_csv_keeps_the_stopped_runs_rows_when_resumed(tmp_path: 
 
 
 @pytest.mark.slow
+def test_a_run_that_ends_at_max_steps_inside_an_epoch_ends_as_never_stopped_when_resumed(tmp_path, monkeypatch):
+    """Stopped after its last validation, the resumed run validates no more: it starts with the metrics the stopped
+    run had (Lightning saves none), so the best checkpoint watching val_loss at the epoch's end and the final
+    metrics are those of the run never stopped, not missing."""
+    csv_logger = ["--trainer.logger=lightning.pytorch.loggers.CSVLogger", "--trainer.logger.save_dir=logs"]
+    args = [*PLAIN, *SHORT, "--data.train_size=160", "--trainer.max_epochs=-1", "--trainer.max_steps=8", *csv_logger]
+    assert resumed_in_this_process(tmp_path, monkeypatch, args, sigterm_at(epoch=1, batch=0)) == 8
+
+    def ended(run: str) -> tuple[list[str], dict[str, str]]:
+        best = sorted(p.name for p in (tmp_path / run).glob("logs/*/version_0/checkpoints/epoch=*.ckpt"))
+        with open(next((tmp_path / run).glob("logs/*/version_0/metrics.csv")), newline="") as f:
+            final = {k: v for row in csv.DictReader(f) for k, v in row.items() if k.startswith("final/") and v}
+        return best, final
+
+    assert ended("cut") == ended("full") and "final/val_loss" in ended("full")[1]
+
+
+@pytest.mark.slow
 def test_a_training_step_that_takes_the_dataloader_iter_resumes_exactly(tmp_path: Path, monkeypatch) -> None:
     """Its batches never reach the batch hooks, where the engine seeds each batch: seeded at each batch's end."""
     model = ["--model=tests.plain_task.DataLoaderIterRegressor", "--model.dropout=0.3"]

@@ -358,11 +358,10 @@ class ExactResume(Callback):
         if self._gradients_pending:  # manual optimization: a backward pass since the last step (accumulated by hand)
             params = trainer.lightning_module.named_parameters()
             state["gradients"] = {name: p.grad.detach().cpu() for name, p in params if p.grad is not None}
-        if plateaus := plateau_schedulers(trainer):
-            # What a plateau scheduler reads, which a checkpoint does not otherwise hold: the monitored metrics as
-            # they are now (a resumed run has logged none yet), and whether this epoch's end step is still due.
-            monitored = {config.monitor for config in plateaus}
-            state["monitored"] = {k: v for k, v in trainer.callback_metrics.items() if k in monitored}
+        # The metrics as they are now, which Lightning does not save: what a plateau scheduler, a callback's monitor
+        # and the run's final summary read, until the resumed run logs each again.
+        state["metrics"] = {k: torch.as_tensor(v).detach().cpu() for k, v in trainer.callback_metrics.items()}
+        if plateau_schedulers(trainer):  # and whether this epoch's end step is still due
             state["plateau_step_pending"] = pending_plateau_epoch(trainer)
         return state
 
@@ -407,7 +406,7 @@ class ExactResume(Callback):
             self._stop_as_decided(trainer)
         self._leave_restart = end_restarted_epoch(trainer)
         self._iterate_anew = not trainer.fit_loop.restarted_mid_epoch
-        self._restore_plateau_schedulers(trainer)
+        self._restore_metrics(trainer)
         self._restore_frozen_parts(trainer)
         warn_of_state_no_checkpoint_holds(trainer, pl_module)
         self._restore_pending_gradients(pl_module)
@@ -505,11 +504,11 @@ class ExactResume(Callback):
                 f" counts epoch {epoch} as done: its on_train_epoch_end hooks are not run again)."
             )
 
-    def _restore_plateau_schedulers(self, trainer: Trainer) -> None:
-        """The monitored metrics as the checkpoint's run had them, and the plateau step of the epoch it was written
-        in: Lightning skips that step in a resumed run (the checkpoint comes before it, at the epoch's end too)."""
+    def _restore_metrics(self, trainer: Trainer) -> None:
+        """The metrics as the checkpoint's run had them, and the plateau step of the epoch it was written in:
+        Lightning skips that step in a resumed run (the checkpoint comes before it, at the epoch's end too)."""
         saved = self._saved or {}
-        for key, value in saved.get("monitored", {}).items():
+        for key, value in saved.get("metrics", {}).items():
             trainer.callback_metrics.setdefault(key, value)
         pending = saved.get("plateau_step_pending")
         if pending is None:
