@@ -464,7 +464,7 @@ PERSISTENT_WORKERS = Setup(  # a stream augmented in 2 persistent workers, resum
     data={"loader": "iterable", "num_workers": 2, "augment": True, "train_size": 100, "batch_size": 12},
     trainer={"accumulate_grad_batches": 2, "max_epochs": 2},
 )
-STOP_BEFORE_VALIDATION = Setup(  # a SIGTERM after a batch with a validation due: Lightning stops inside it
+STOP_BEFORE_VALIDATION = Setup(  # a SIGTERM after a batch with a validation due: the stop waits for it to end
     data={"loader": "map", "batch_size": 12, "train_size": 100}, trainer={"max_steps": 7, "val_check_interval": 0.5}
 )
 HOOK_DRAWS = Setup(  # random numbers drawn in the module's on_train_batch_end, after the engine's callbacks
@@ -577,7 +577,7 @@ FOUND = [  # each ended otherwise on an earlier version
     pytest.param(AT_MAX_STEPS, Stop("kill", 2), "warned", id="step-checkpoint-at-max-steps-before-validation"),
     pytest.param(AT_MAX_STEPS, Stop("kill", 4), "exact", id="finished-run-resumed-from-its-last-checkpoint"),
     pytest.param(PERSISTENT_WORKERS, Stop("validation", 0), "warned", id="persistent-workers-drawing-at-random"),
-    pytest.param(STOP_BEFORE_VALIDATION, Stop("sigterm", 3), "warned", id="sigterm-before-a-mid-epoch-validation"),
+    pytest.param(STOP_BEFORE_VALIDATION, Stop("sigterm", 3), "exact", id="sigterm-before-a-mid-epoch-validation"),
     pytest.param(INSIDE_A_STEP, Stop("kill", 0), "warned", id="checkpoint-inside-an-accumulated-step"),
     pytest.param(HOOK_DRAWS, Stop("sigterm", 3), "exact", id="draws-in-the-modules-batch-end-hook"),
     pytest.param(EARLY_STOP, Stop("sigterm", 11), "exact", id="early-stopping-decided-at-an-epochs-end"),

@@ -29,6 +29,7 @@ USED = (
     ("trainer", "fit_loop._can_stop_early"),
     ("trainer", "fit_loop.epoch_loop.val_loop._has_run"),
     ("trainer", "fit_loop.epoch_loop._should_check_val_fx"),
+    ("trainer", "fit_loop.epoch_loop._skip_next_val"),
     ("trainer", "fit_loop.epoch_loop._batches_that_stepped"),
     ("trainer", "fit_loop.epoch_loop.restarted_on_train_batch_end"),
     ("trainer", "fit_loop.epoch_loop.on_iteration_done"),
@@ -192,6 +193,12 @@ def start_next_epoch(trainer: Trainer) -> None:
     loop._batches_that_stepped += 1
     loop.restarting = False
     trainer.fit_loop.reset_restart_stage()
+
+
+def validation_due(trainer: Trainer) -> bool:
+    """Whether Lightning validates after the training batch that has just ended (by the run's schedule)."""
+    loop = trainer.fit_loop.epoch_loop
+    return not loop._skip_next_val and loop._should_check_val_fx(trainer.fit_loop._data_fetcher)
 
 
 def skips_due_validation(trainer: Trainer) -> bool:

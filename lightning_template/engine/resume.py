@@ -13,10 +13,10 @@ For any LightningModule and LightningDataModule. What a resumed run must reprodu
 - model, optimizer, scheduler and loop state: Lightning's checkpoint.
 
 Stopping: SIGTERM (cluster pre-emption, `kill`) and the first Ctrl-C stop at the next optimizer-step boundary
-(never between the micro-batches of one accumulated step; after an epoch's last batch, at the epoch's end, after its
-validation), all DDP ranks at the same one, and `ResumeCheckpoint` writes `last.ckpt` there; a second Ctrl-C aborts
-at once and writes a checkpoint only if the loop happens to be at such a boundary. A checkpoint is never written in
-the middle of a step or with non-finite weights.
+(never between the micro-batches of one accumulated step; after the validation due after that step; after an
+epoch's last batch, at the epoch's end), all DDP ranks at the same one, and `ResumeCheckpoint` writes `last.ckpt`
+there; a second Ctrl-C aborts at once and writes a checkpoint only if the loop happens to be at such a boundary. A
+checkpoint is never written in the middle of a step or with non-finite weights.
 """
 
 from __future__ import annotations
@@ -64,6 +64,7 @@ from lightning_template.engine.lightning_internals import (
     start_next_epoch,
     stop_after_this_step,
     train_data_fetcher,
+    validation_due,
     wrap_train_loader,
 )
 from lightning_template.engine.monitor import early_stopping_decided
@@ -220,7 +221,7 @@ def step_plateau_schedulers(trainer: Trainer, epoch: int) -> None:
 def warn_skipped_validation(epoch: int, done: int) -> None:
     rank_zero_warn(
         f"ExactResume: resuming epoch {epoch} after {done} batches, from a checkpoint written before the validation"
-        " due after that batch had finished (a step checkpoint, or a stop during it): Lightning goes on without"
+        " due after that batch had finished (a step checkpoint written at that batch): Lightning goes on without"
         " running it, so its metrics (and the best checkpoint, early stopping or plateau step they decide) are not"
         " the run's that was stopped. last.ckpt and the best-epoch checkpoint are written after it."
     )
@@ -617,14 +618,17 @@ class ExactResume(Callback):
     def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, *args: Any) -> None:
         if not self._seeded_at_hand_over:  # a training_step that takes a `dataloader_iter`: no batch hooks run
             self._seed_batch(trainer, trainer.fit_loop.epoch_loop.batch_progress.current.processed)
-        # After an epoch's last batch the stop waits for the epoch's end: its validation and epoch-end checkpoint
-        # would otherwise be skipped by the resumed run, which counts the epoch as done.
-        if closes_accumulation_window(trainer) and not epoch_ran_out(trainer):
+        # A stop waits for the validation due after this batch (Lightning would cut it short, and the resumed run
+        # would go on without it) and, after an epoch's last batch, for the epoch's end: its validation and epoch-end
+        # checkpoint would otherwise be skipped by the resumed run, which counts the epoch as done.
+        if closes_accumulation_window(trainer) and not epoch_ran_out(trainer) and not validation_due(trainer):
             self._stop_if_requested(trainer)
 
     def on_validation_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         if trainer.state.fn == TrainerFn.FITTING and not trainer.sanity_checking:  # validation inside an epoch
             self._seed_batch(trainer, trainer.fit_loop.epoch_loop.batch_progress.current.processed)
+            if closes_accumulation_window(trainer) and not epoch_ran_out(trainer):
+                self._stop_if_requested(trainer)
 
     def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         if self._plateau_at_epoch_end:
