@@ -116,13 +116,14 @@ def test_a_run_logged_to_csv_keeps_the_stopped_runs_rows_when_resumed(tmp_path: 
 
 
 @pytest.mark.slow
-def test_a_run_that_ends_at_max_steps_inside_an_epoch_ends_as_never_stopped_when_resumed(tmp_path, monkeypatch):
-    """Stopped after its last validation, the resumed run validates no more: it starts with the metrics the stopped
-    run had (Lightning saves none), so the best checkpoint watching val_loss at the epoch's end and the final
-    metrics are those of the run never stopped, not missing."""
+@pytest.mark.parametrize("batch", [0, 2], ids=["before-its-end", "at-its-end"])
+def test_a_run_that_ends_at_max_steps_inside_an_epoch_ends_as_never_stopped_when_resumed(batch, tmp_path, monkeypatch):
+    """Stopped after its last validation (or at its last step, where the resumed run trains nothing), the resumed run
+    validates no more: it starts with the metrics the stopped run had (Lightning saves none), so the best checkpoint
+    watching val_loss at the epoch's end and the final metrics are those of the run never stopped, not missing."""
     csv_logger = ["--trainer.logger=lightning.pytorch.loggers.CSVLogger", "--trainer.logger.save_dir=logs"]
     args = [*PLAIN, *SHORT, "--data.train_size=160", "--trainer.max_epochs=-1", "--trainer.max_steps=8", *csv_logger]
-    assert resumed_in_this_process(tmp_path, monkeypatch, args, sigterm_at(epoch=1, batch=0)) == 8
+    assert resumed_in_this_process(tmp_path, monkeypatch, args, sigterm_at(epoch=1, batch=batch)) == 8
 
     def ended(run: str) -> tuple[list[str], dict[str, str]]:
         best = sorted(p.name for p in (tmp_path / run).glob("logs/*/version_0/checkpoints/epoch=*.ckpt"))

@@ -55,6 +55,7 @@ from lightning_template.engine.lightning_internals import (
     add_datamodule_hook,
     datamodules_named_by_class,
     skip_idle_hooks,
+    slurm_resume_path,
     subcommand_parser,
 )
 from lightning_template.engine.monitor import (
@@ -381,14 +382,22 @@ class ProjectCLI(CLIHooks):
             if isinstance(callback, CSVPredictionWriter):
                 callback.remove_earlier_output(self.trainer)
 
+    def _resumed_step(self) -> int | None:
+        """The step the run continues from: its checkpoint's, or a requeued SLURM job's, which Lightning finds."""
+        if self.run_checkpoint is not None:
+            return self.run_checkpoint.global_step
+        path = slurm_resume_path(self.trainer) if self.config["fit"].get("ckpt_path") in (None, "hpc") else None
+        return RunCheckpoint.read(path).global_step if path else None
+
     def before_fit(self) -> None:
         # Fix the run's version folder now: a spawning launcher (ddp_spawn) would otherwise let each
         # launch pick the next free one, and `test_after_fit` would open a second run folder.
         if self.trainer.is_global_zero:
+            resumed_at = self._resumed_step()
             for logger in self.trainer.loggers:
                 _ = logger.version
-                if self.run_checkpoint is not None:  # the resumed run's folder, whose metrics.csv goes on
-                    keep_csv_metrics(logger, self.run_checkpoint.global_step)
+                if resumed_at is not None:  # the resumed run's folder, whose metrics.csv goes on
+                    keep_csv_metrics(logger, resumed_at)
         for callback in self.trainer.callbacks:
             if isinstance(callback, SaveConfigToRun):  # a run refused before its first step removes what it made
                 callback.note_new_folder(self.trainer)

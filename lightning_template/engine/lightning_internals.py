@@ -14,6 +14,7 @@ from typing import Any
 from lightning import Callback, LightningDataModule, Trainer
 from lightning.pytorch.callbacks import Checkpoint, EarlyStopping, ModelCheckpoint
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, _InstantiatorFn
+from lightning.pytorch.plugins.environments import SLURMEnvironment
 from lightning.pytorch.profilers import PassThroughProfiler
 from lightning.pytorch.trainer import call
 
@@ -43,6 +44,7 @@ USED = (
     ("trainer", "_accelerator_connector.cluster_environment"),
     ("trainer", "_accelerator_connector.use_distributed_sampler"),
     ("trainer", "_signal_connector.received_sigterm"),
+    ("trainer", "_checkpoint_connector._hpc_resume_path"),
     ("trainer", "_signal_connector._slurm_sigusr_handler_fn"),
     ("trainer", "_logger_connector.should_update_logs"),
     ("ModelCheckpoint", "_last_global_step_saved"),
@@ -259,6 +261,11 @@ def cluster_environment(trainer: Trainer) -> Any:
 def stop_after_this_step(trainer: Trainer) -> None:
     """Lightning's own graceful stop: it raises SIGTERMException at the next check, on every rank."""
     trainer._signal_connector.received_sigterm = True
+
+
+def slurm_resume_path(trainer: Trainer) -> str | None:
+    """The checkpoint Lightning resumes a SLURM job from when none is given: a requeued job's `hpc_ckpt_<n>.ckpt`."""
+    return trainer._checkpoint_connector._hpc_resume_path if SLURMEnvironment.detect() else None
 
 
 def requeue_slurm_job(trainer: Trainer, signum: int) -> None:

@@ -40,6 +40,7 @@ from lightning.pytorch.callbacks import (
 from lightning.pytorch.plugins.environments import SLURMEnvironment
 from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 from lightning.pytorch.utilities.model_helpers import is_overridden
 from lightning.pytorch.utilities.warnings import PossibleUserWarning
 from torch.nn import SyncBatchNorm
@@ -318,6 +319,7 @@ class ExactResume(Callback):
         self._stop_requested = False
         self._requeue_signal: int | None = None  # SLURM's requeue signal, once received
         self._requeue_installed = False
+        self._requeue_at_exit = False  # decided: Lightning's requeue once the step's every hook has run
         self._warnings: warnings.catch_warnings | None = None  # Lightning's warning silenced for this run
         self._inexact: str | None = None  # why the training loader cannot continue mid-epoch, if it cannot
         self._plateau_at_epoch_end = False  # the restarted epoch's plateau step: Lightning's to take at its end
@@ -408,6 +410,7 @@ class ExactResume(Callback):
         self._leave_restart = end_restarted_epoch(trainer)
         self._iterate_anew = not trainer.fit_loop.restarted_mid_epoch
         self._restore_metrics(trainer)
+        self._restore_plateau_step(trainer)
         self._restore_frozen_parts(trainer)
         warn_of_state_no_checkpoint_holds(trainer, pl_module)
         self._restore_pending_gradients(pl_module)
@@ -506,12 +509,16 @@ class ExactResume(Callback):
             )
 
     def _restore_metrics(self, trainer: Trainer) -> None:
-        """The metrics as the checkpoint's run had them, and the plateau step of the epoch it was written in:
-        Lightning skips that step in a resumed run (the checkpoint comes before it, at the epoch's end too)."""
+        """The metrics as the checkpoint's run had them (one written by an earlier version of this code holds those
+        of plateau schedulers alone, as "monitored")."""
         saved = self._saved or {}
-        for key, value in saved.get("metrics", {}).items():
+        for key, value in saved.get("metrics", saved.get("monitored", {})).items():
             trainer.callback_metrics.setdefault(key, value)
-        pending = saved.get("plateau_step_pending")
+
+    def _restore_plateau_step(self, trainer: Trainer) -> None:
+        """The plateau step of the epoch the checkpoint was written in: Lightning skips it in a resumed run (the
+        checkpoint comes before it, at the epoch's end too)."""
+        pending = (self._saved or {}).get("plateau_step_pending")
         if pending is None:
             return
         if trainer.current_epoch > pending:  # the epoch counts as finished: its end is not run again
@@ -628,7 +635,7 @@ class ExactResume(Callback):
         if trainer.state.fn == TrainerFn.FITTING and not trainer.sanity_checking:  # validation inside an epoch
             self._seed_batch(trainer, trainer.fit_loop.epoch_loop.batch_progress.current.processed)
             if closes_accumulation_window(trainer) and not epoch_ran_out(trainer):
-                self._stop_if_requested(trainer)
+                self._stop_if_requested(trainer, after_validation=True)
 
     def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         if self._plateau_at_epoch_end:
@@ -642,6 +649,7 @@ class ExactResume(Callback):
         # SLURM with auto-requeue, also its requeue signal (SIGUSR1): Lightning's handler would save the
         # checkpoint wherever the signal lands, inside a step and at a different step on each rank.
         self._stop_requested, self._requeue_signal = False, None  # a request stops the run it came in, no later one
+        self._requeue_at_exit = False
         if threading.current_thread() is not threading.main_thread():
             return
         self._previous_handlers = {
@@ -665,17 +673,19 @@ class ExactResume(Callback):
     def _request_requeue(self, signum: int, frame: Any) -> None:
         self._requeue_signal = signum
 
-    def _stop_if_requested(self, trainer: Trainer) -> None:
+    def _stop_if_requested(self, trainer: Trainer, after_validation: bool = False) -> None:
+        if trainer.received_sigterm:  # decided at a validation's end, which max_steps follows with the epoch's end
+            return
         requested, requeue = self._stop_requested, self._requeue_signal is not None
         if trainer.world_size > 1:  # every rank stops at the same step if any rank was asked to
             requested = trainer.strategy.reduce_boolean_decision(requested, all=False)
             if self._requeue_installed:  # a second collective only where SLURM can ask for a requeue
                 requeue = trainer.strategy.reduce_boolean_decision(requeue, all=False)
-        if requeue:
-            # Lightning's own requeue, at this step boundary on every rank: hpc_ckpt_<n>.ckpt in
-            # default_root_dir (the requeued job resumes from it), then `scontrol requeue` from rank 0.
-            rank_zero_info(f"SLURM requeue signal: saving and requeueing after optimizer step {trainer.global_step}.")
-            requeue_slurm_job(trainer, self._requeue_signal or signal.SIGUSR1)
+        if requeue and after_validation:
+            # A requeue's checkpoint, written once the step's hooks have run, would count the step's end twice after
+            # a validation (Lightning's rule for a restart there): it waits for the next step.
+            return
+        self._requeue_at_exit = requeue
         if requested or requeue:
             rank_zero_info(
                 f"Stopping after optimizer step {trainer.global_step} (SIGTERM, Ctrl-C or requeue); last.ckpt keeps"
@@ -706,8 +716,16 @@ class ExactResume(Callback):
             if isinstance(callback, WeightAveraging):
                 callback.on_train_end(trainer, pl_module)
         warn_if_swa_has_ended(trainer, at_its_end=True)
+        self._restore_metrics(trainer)  # for the run's final metrics
         if skips_due_validation_at_its_end(trainer):
             warn_skipped_validation(trainer.current_epoch, trainer.fit_loop.epoch_loop.batch_progress.current.processed)
 
     def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
+        if self._requeue_at_exit and isinstance(exception, SIGTERMException):
+            # Lightning's own requeue, on every rank at the step the stop was decided at, once its hooks have run (the
+            # best checkpoint's save after a validation or at an epoch's end among them): hpc_ckpt_<n>.ckpt in
+            # default_root_dir (the requeued job resumes from it), then `scontrol requeue` from rank 0.
+            self._requeue_at_exit = False
+            rank_zero_info(f"SLURM requeue signal: saving and requeueing after optimizer step {trainer.global_step}.")
+            requeue_slurm_job(trainer, self._requeue_signal or signal.SIGUSR1)
         self._restore()

@@ -164,14 +164,14 @@ def keep_csv_metrics(logger: Logger, resumed_at: int) -> None:
     """Lightning's CSV writer deletes the metrics.csv of the folder it starts in: a resumed run, which continues its
     run's folder, gives the writer back the rows and columns the stopped run wrote, and appends to them. Rows of
     steps from `resumed_at` (the checkpoint's step) on, which a run stopped later than its checkpoint (a crash, an
-    earlier checkpoint) wrote, are left out: the resumed run logs those steps again. The `final/` metrics of a run
-    that ended there stay (a run resumed at its end trains nothing, and logs none)."""
+    earlier checkpoint) wrote, are left out: the resumed run logs those steps again (a run resumed at its end, its
+    `final/` metrics)."""
     path = Path(logger.log_dir) / "metrics.csv" if isinstance(logger, CSVLogger) else None
     if path is None or not path.is_file():
         return
     with open(path, newline="") as file:
         reader = csv.DictReader(file)
-        rows = [row for row in reader if int(float(row["step"] or 0)) < resumed_at or _final_only(row)]
+        rows = [row for row in reader if int(float(row["step"] or 0)) < resumed_at]
         columns = list(reader.fieldnames or [])
     with warnings.catch_warnings():  # "Previous log files in this directory will be deleted": they are not
         warnings.filterwarnings("ignore", "Experiment logs directory")
@@ -181,10 +181,6 @@ def keep_csv_metrics(logger: Logger, resumed_at: int) -> None:
         kept.writeheader()
         kept.writerows(rows)
     writer.metrics_keys = columns
-
-
-def _final_only(row: dict[str, str]) -> bool:
-    return all(key.startswith("final/") or key in ("step", "epoch") for key, value in row.items() if value)
 
 
 def name_new_run(logger_class: str, init_args: Any) -> None:
