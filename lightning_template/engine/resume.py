@@ -26,7 +26,7 @@ import signal
 import threading
 import warnings
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from lightning import Callback, LightningModule, Trainer
@@ -628,14 +628,14 @@ class ExactResume(Callback):
         # A stop waits for the validation due after this batch (Lightning would cut it short, and the resumed run
         # would go on without it) and, after an epoch's last batch, for the epoch's end: its validation and epoch-end
         # checkpoint would otherwise be skipped by the resumed run, which counts the epoch as done.
-        if closes_accumulation_window(trainer) and not epoch_ran_out(trainer) and not validation_due(trainer):
-            self._stop_if_requested(trainer)
+        if closes_accumulation_window(trainer) and not epoch_ran_out(trainer):
+            self._stop_if_requested(trainer, at="step")
 
     def on_validation_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         if trainer.state.fn == TrainerFn.FITTING and not trainer.sanity_checking:  # validation inside an epoch
             self._seed_batch(trainer, trainer.fit_loop.epoch_loop.batch_progress.current.processed)
             if closes_accumulation_window(trainer) and not epoch_ran_out(trainer):
-                self._stop_if_requested(trainer, after_validation=True)
+                self._stop_if_requested(trainer, at="validation")
 
     def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         if self._plateau_at_epoch_end:
@@ -673,7 +673,8 @@ class ExactResume(Callback):
     def _request_requeue(self, signum: int, frame: Any) -> None:
         self._requeue_signal = signum
 
-    def _stop_if_requested(self, trainer: Trainer, after_validation: bool = False) -> None:
+    def _stop_if_requested(self, trainer: Trainer, at: Literal["step", "validation", "epoch"] = "epoch") -> None:
+        """Stop here (at a step's, a validation's or an epoch's end) if any rank was asked to."""
         if trainer.received_sigterm:  # decided at a validation's end, which max_steps follows with the epoch's end
             return
         requested, requeue = self._stop_requested, self._requeue_signal is not None
@@ -681,17 +682,18 @@ class ExactResume(Callback):
             requested = trainer.strategy.reduce_boolean_decision(requested, all=False)
             if self._requeue_installed:  # a second collective only where SLURM can ask for a requeue
                 requeue = trainer.strategy.reduce_boolean_decision(requeue, all=False)
-        if requeue and after_validation:
+        if not (requested or requeue) or (at == "step" and validation_due(trainer)):
+            return
+        if requeue and at == "validation":
             # A requeue's checkpoint, written once the step's hooks have run, would count the step's end twice after
             # a validation (Lightning's rule for a restart there): it waits for the next step.
             return
         self._requeue_at_exit = requeue
-        if requested or requeue:
-            rank_zero_info(
-                f"Stopping after optimizer step {trainer.global_step} (SIGTERM, Ctrl-C or requeue); last.ckpt keeps"
-                " it: the same command with --ckpt_path last continues."
-            )
-            stop_after_this_step(trainer)  # Lightning raises SIGTERMException next
+        rank_zero_info(
+            f"Stopping after optimizer step {trainer.global_step} (SIGTERM, Ctrl-C or requeue); last.ckpt keeps it:"
+            " the same command with --ckpt_path last continues."
+        )
+        stop_after_this_step(trainer)  # Lightning raises SIGTERMException next
 
     def _restore(self) -> None:
         for signum, handler in self._previous_handlers.items():
