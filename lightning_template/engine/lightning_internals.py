@@ -85,11 +85,10 @@ def add_epoch_sums(trainer: Trainer, sums: dict[str, dict[str, Any]]) -> None:
     for key in [key for key in sums if key in results]:
         saved, result = sums.pop(key), results[key]
         value = saved["value"].to(result.value.device)
-        if result.meta.is_mean_reduction:
+        if result.meta.is_mean_reduction or result.meta.is_sum_reduction:
             result.value = value + result.value
-            result.cumulated_batch_size = saved["count"].to(value.device) + result.cumulated_batch_size
-        elif result.meta.is_sum_reduction:
-            result.value = value + result.value
+            if result.meta.is_mean_reduction:
+                result.cumulated_batch_size = saved["count"].to(value.device) + result.cumulated_batch_size
         else:  # max or min
             result.value = result.meta.reduce_fx(value, result.value)
         result._computed = None
@@ -133,9 +132,10 @@ def logs_this_step(trainer: Trainer) -> bool:
     return trainer._logger_connector.should_update_logs
 
 
-def train_data_fetcher(trainer: Trainer) -> Any:
-    """The fit loop's iterator over the training loader (None before its first epoch)."""
-    return trainer.fit_loop._data_fetcher
+def restart_train_iterator(trainer: Trainer) -> None:
+    """Make the fit loop's iterator over the training loader again (none before its first epoch)."""
+    if trainer.fit_loop._data_fetcher is not None:
+        iter(trainer.fit_loop._data_fetcher)
 
 
 def load_train_loader_states(trainer: Trainer) -> bool:

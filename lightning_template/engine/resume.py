@@ -58,13 +58,13 @@ from lightning_template.engine.lightning_internals import (
     mark_saved_at,
     may_stop_early,
     requeue_slurm_job,
+    restart_train_iterator,
     restored_after_last_batch,
     save_now,
     skips_due_validation,
     skips_due_validation_at_its_end,
     start_next_epoch,
     stop_after_this_step,
-    train_data_fetcher,
     validation_due,
     wrap_train_loader,
 )
@@ -425,11 +425,11 @@ class ExactResume(Callback):
             )
         loaded = load_train_loader_states(trainer)
         workers = getattr(trainer.train_dataloader, "num_workers", 0) > 0
-        if (loaded or workers) and train_data_fetcher(trainer) is not None:
+        if loaded or workers:
             # Lightning created the loader's iterator before restoring its loop from the checkpoint (to count the
             # steps for the schedule): its workers have already prefetched epoch 0's first indices (Lightning
             # #21938), a StatefulDataLoader started from its beginning. Start it again, from the restored position.
-            iter(train_data_fetcher(trainer))
+            restart_train_iterator(trainer)
         if not trainer.fit_loop.restarted_mid_epoch:
             return
         if restored_after_last_batch(trainer):
@@ -606,8 +606,8 @@ class ExactResume(Callback):
             # a resumed run: a sampler that draws its order from torch's generator (a batch sampler's RandomSampler)
             # would take another order than the run never stopped. Made again, after the epoch's seeding.
             lightning_keeps_it = trainer.fit_loop.is_resuming or trainer.fit_loop.epoch_loop.restarting
-            if lightning_keeps_it and train_data_fetcher(trainer) is not None:
-                iter(train_data_fetcher(trainer))
+            if lightning_keeps_it:
+                restart_train_iterator(trainer)
 
     def _seed_training_batch(self) -> None:
         """Seeded as each training batch is handed to the module's batch hooks, before it is augmented on the device
@@ -649,7 +649,7 @@ class ExactResume(Callback):
         # SLURM with auto-requeue, also its requeue signal (SIGUSR1): Lightning's handler would save the
         # checkpoint wherever the signal lands, inside a step and at a different step on each rank.
         self._stop_requested, self._requeue_signal = False, None  # a request stops the run it came in, no later one
-        self._requeue_at_exit = False
+        self._requeue_at_exit = self._requeue_installed = False
         if threading.current_thread() is not threading.main_thread():
             return
         self._previous_handlers = {

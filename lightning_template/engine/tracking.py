@@ -150,14 +150,10 @@ class SaveConfigToRun(SaveConfigCallback):
         if path is None or not path.is_file():
             return
         for logger in trainer.loggers:
-            _log_artifact(logger, path)
-
-
-def _log_artifact(logger: Logger, path: Path) -> None:
-    if isinstance(logger, MLFlowLogger):
-        logger.experiment.log_artifact(logger.run_id, str(path))
-    elif isinstance(logger, WandbLogger):
-        logger.experiment.save(str(path), base_path=str(path.parent), policy="now")
+            if isinstance(logger, MLFlowLogger):
+                logger.experiment.log_artifact(logger.run_id, str(path))
+            elif isinstance(logger, WandbLogger):
+                logger.experiment.save(str(path), base_path=str(path.parent), policy="now")
 
 
 def keep_csv_metrics(logger: Logger, resumed_at: int) -> None:
