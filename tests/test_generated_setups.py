@@ -46,7 +46,6 @@ DDP_EXAMPLES = int(os.environ.get("RESUME_FUZZ_DDP_EXAMPLES", 2))  # each starts
 FUZZ_SEED = int(os.environ.get("RESUME_FUZZ_SEED", 0))
 QUIET = [
     "--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false", "--trainer.log_every_n_steps=2",
-    "--trainer.num_sanity_val_steps=0",
 ]  # fmt: skip
 
 
@@ -119,7 +118,8 @@ class Setup:
                 f"--trainer.strategy={strategy}", f"--trainer.devices={self.processes}", "--trainer.accelerator=cpu",
                 "--trainer.callbacks+=tests.generated_setups.RecordOutcome",
             ]  # fmt: skip
-        return [*args, *QUIET]
+        sanity = [] if "num_sanity_val_steps" in self.trainer else ["--trainer.num_sanity_val_steps=0"]
+        return [*args, *QUIET, *sanity]
 
 
 @dataclass(frozen=True)
@@ -210,6 +210,16 @@ def setups(draw: st.DrawFn) -> Setup:
         data["collate"] = "masking"
     if draw(st.booleans()):
         model["epoch_metrics"] = True
+    # Drawn last, as the two above: Lightning's sanity validation before training (its default is 2 batches), a
+    # validation of 2 batches, a step count for validation that runs across epochs, the epochs early stopping waits.
+    if draw(st.booleans()):
+        trainer["num_sanity_val_steps"] = 2
+    if draw(st.booleans()):
+        trainer["limit_val_batches"] = 2
+    if validation == "batches" and not every_other_epoch and draw(st.booleans()):
+        trainer["check_val_every_n_epoch"] = "null"
+    if early_stopping and draw(st.booleans()):
+        trainer["min_epochs"] = 2
     return Setup(
         model, data, trainer, step_checkpoints, early_stopping, scheduled, finetuning, epoch_checkpoints, averaging
     )
@@ -519,6 +529,11 @@ RANDOM_COLLATE_KEPT_LOADER = Setup(  # masks drawn in the persistent workers of 
     trainer={"max_steps": 7, "limit_train_batches": 0.75, "check_val_every_n_epoch": 2},
     step_checkpoints=2,
 )  # fmt: skip
+MIN_EPOCHS = Setup(  # early stopping decides in the first epoch; --trainer.min_epochs keeps the run going
+    data={"loader": "map", "batch_size": 12, "train_size": 112},
+    trainer={"max_steps": 20, "val_check_interval": 0.5, "min_epochs": 2},
+    early_stopping=True,
+)
 INSIDE_A_STEP = Setup(  # the best-epoch checkpoint of a validation every 3 batches, accumulating 2
     data={"loader": "map", "batch_size": 12},
     trainer={"accumulate_grad_batches": 2, "val_check_interval": 3, "max_steps": 7},
@@ -626,6 +641,7 @@ FOUND = [  # each ended otherwise on an earlier version
         "exact",
         id="exponential-average-resumed-at-the-runs-end-ends-with-the-average",
     ),
+    pytest.param(MIN_EPOCHS, Stop("sigterm", 9), "exact", id="min-epochs-after-early-stopping-at-an-epochs-end"),
 ]
 
 
@@ -663,6 +679,18 @@ FOUND_UNDER_DDP = [
         Stop("validation", 0),
         "warned",
         id="manual-optimization-each-process-keeps-its-batchnorm-statistics",
+    ),
+    pytest.param(  # the shorter of two loaders, cycled inside the epoch after the one restarted at its end
+        replace(
+            MANUAL_UNDER_DDP,
+            data={"loader": "dict", "batch_size": 12, "train_size": 200, "drop_last": True},
+            trainer={"max_steps": 10, "check_val_every_n_epoch": 2},
+            step_checkpoints=3,
+            epoch_checkpoints=True,
+        ),
+        Stop("kill", 415),
+        "exact",
+        id="two-loaders-resumed-at-an-epochs-end-with-max-steps",
     ),
 ]
 
