@@ -172,6 +172,24 @@ def test_epoch_level_metrics_of_a_run_resumed_twice_are_the_run_never_stopped(tm
     assert cut == full[-2:]  # epoch 1, stopped twice, when epoch 2 starts; epoch 2 at the end
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("length", ["--trainer.max_epochs=3", "--trainer.max_steps=15"])
+def test_a_metric_gathered_across_epochs_goes_on_after_a_resume_at_an_epochs_end(length, tmp_path, monkeypatch):
+    """The lowest validation loss so far (a MinMetric never reset, whose state no `state_dict` holds): Lightning counts
+    the epoch of an epoch-end checkpoint done on restoring it, and the metric still holds every validation's batches."""
+    args = [*AUTOENCODER, "--model.epoch_metrics=true", *RUN, "--trainer.limit_train_batches=6", length,
+            "--trainer.val_check_interval=3"]  # fmt: skip
+    models = {}
+    for run, flags in (("full", []), ("cut", sigterm_at(epoch=0, batch=5)), ("cut", ["--ckpt_path=last"])):
+        (tmp_path / run).mkdir(exist_ok=True)
+        monkeypatch.chdir(tmp_path / run)
+        with contextlib.suppress(SIGTERMException):
+            models[run] = ProjectCLI(args=["fit", *args, *flags]).model
+    full, resumed = models["full"].lowest_val, models["cut"].lowest_val
+    assert resumed.update_count == full.update_count  # every validation batch, the sanity check's included
+    assert resumed.compute() == full.compute()
+
+
 def test_a_plain_loader_overfits_a_few_batches(tmp_path: Path, monkeypatch) -> None:
     """`--trainer.overfit_batches` puts Lightning's sequential sampler into the loader the engine rebuilt."""
     monkeypatch.chdir(tmp_path)

@@ -65,14 +65,15 @@ class EpochMetrics(Callback):
             if isinstance(module, Metric) and module.update_called and id(module) not in reset_now
         }
         sums = {**self._sums, **epoch_sums(trainer)} if in_epoch else {}
-        return {"position": fit_position(trainer), "metrics": metrics, "sums": sums}
+        position, step = fit_position(trainer), trainer.global_step
+        return {"position": position, "inside": in_epoch, "step": step, "metrics": metrics, "sums": sums}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self._saved = state_dict
 
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         saved, self._saved, self._sums, self._restored = self._saved, {}, {}, {}
-        if not saved or saved["position"] != fit_position(trainer) or not (saved["metrics"] or saved["sums"]):
+        if not saved or not self._resumed_where_saved(trainer, saved) or not (saved["metrics"] or saved["sums"]):
             return
         if trainer.world_size > 1 or (inside_an_epoch(trainer) and epoch_ran_out(trainer)):
             why = (
@@ -92,6 +93,15 @@ class EpochMetrics(Callback):
             load_metric_state(metric, saved["metrics"][name])
         self._restored = {name: metric for name, metric in modules.items() if saved["metrics"][name]["logged"]}
         self._sums = dict(saved["sums"])
+
+    @staticmethod
+    def _resumed_where_saved(trainer: Trainer, saved: dict[str, Any]) -> bool:
+        """Inside an epoch, at the same batch of the same epoch. Between epochs, at the same step: Lightning counts
+        the epoch of an epoch-end checkpoint done on restoring it (`--trainer.max_epochs`), and what is saved there
+        (metrics gathered across epochs) goes on in the next."""
+        if saved.get("inside", True):  # (a checkpoint of an earlier version has no flag: by position)
+            return saved["position"] == fit_position(trainer)
+        return saved["step"] == trainer.global_step and not inside_an_epoch(trainer)
 
     # Lightning's reductions are folded in once this run has logged each value a first time: after a batch's
     # training_step (and its on_train_batch_start), or the module's on_train_batch_end (seen at the next batch, or at

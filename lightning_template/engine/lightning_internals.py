@@ -163,19 +163,23 @@ def may_stop_early(trainer: Trainer) -> bool:
 
 def end_restarted_epoch(trainer: Trainer) -> bool:
     """A run with `max_steps` restarted from a checkpoint written at an epoch's end (after its validation, if it had
-    one) runs that end again, and Lightning counts the epoch as processed once more (`--trainer.min_epochs` would let
-    it stop an epoch early): counted once. Lightning's epoch loop also waits for a validation to finish the epoch,
-    and trains one more batch of it where the epoch has none (`check_val_every_n_epoch`, `val_check_interval`). Say
-    that it has none to wait for. True if so (`leave_restart` must then be called when the next epoch starts)."""
+    one): Lightning's epoch loop waits for a validation to finish the epoch, and trains one more batch of it where
+    the epoch has none (`check_val_every_n_epoch`, `val_check_interval`). Say that it has none to wait for. True if
+    so (`leave_restart` must then be called when the next epoch starts)."""
     loop = trainer.fit_loop
-    if not loop.restarted_on_epoch_end:
-        return False
-    loop.epoch_progress.current.processed -= 1
-    loop.epoch_progress.total.processed -= 1
-    if loop.epoch_loop._should_check_val_fx(loop._data_fetcher):
+    if not loop.restarted_on_epoch_end or loop.epoch_loop._should_check_val_fx(loop._data_fetcher):
         return False
     loop.epoch_loop.val_loop._has_run = True
     return True
+
+
+def count_restarted_epoch_once(trainer: Trainer) -> None:
+    """In the `on_train_epoch_end` of an epoch restarted at its end (`restarted_on_epoch_end`, with `max_steps`):
+    Lightning runs that end again and has counted the epoch as processed a second time, so `--trainer.min_epochs`
+    would let early stopping end the run an epoch early, and the next epoch would seem not started."""
+    progress = trainer.fit_loop.epoch_progress
+    progress.current.processed -= 1
+    progress.total.processed -= 1
 
 
 def restored_after_last_batch(trainer: Trainer) -> bool:

@@ -51,6 +51,7 @@ from lightning_template.engine.lightning_internals import (
     call_before_batch_hooks,
     closes_accumulation_window,
     cluster_environment,
+    count_restarted_epoch_once,
     end_restarted_epoch,
     leave_restart,
     let_lightning_step_plateau_schedulers,
@@ -323,6 +324,7 @@ class ExactResume(Callback):
         self._warnings: warnings.catch_warnings | None = None  # Lightning's warning silenced for this run
         self._inexact: str | None = None  # why the training loader cannot continue mid-epoch, if it cannot
         self._plateau_at_epoch_end = False  # the restarted epoch's plateau step: Lightning's to take at its end
+        self._counted_twice = False  # the epoch restarted at its end: Lightning counts it processed again there
         self._leave_restart = False  # restarted at an epoch's end: the loops leave their restart state at the next
         self._iterate_anew = False  # resumed between epochs: the next epoch's loader iterator is made after seeding
         self._trainer_loop_skipped = True  # until on_train_start: Lightning skips it when resumed at its end
@@ -378,6 +380,7 @@ class ExactResume(Callback):
         self._trainer_loop_skipped = False
         self._epoch_setups = []
         self._gradients_pending = False
+        self._counted_twice = trainer.fit_loop.restarted_on_epoch_end
         # Said at a run's start, and at a resume after an epoch's last batch (the next epoch starts from its start).
         between_epochs = not trainer.fit_loop.restarted_mid_epoch or restored_after_last_batch(trainer)
         if self._inexact and between_epochs:
@@ -638,6 +641,9 @@ class ExactResume(Callback):
                 self._stop_if_requested(trainer, at="validation")
 
     def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if self._counted_twice:
+            self._counted_twice = False
+            count_restarted_epoch_once(trainer)
         if self._plateau_at_epoch_end:
             self._plateau_at_epoch_end = False
             let_lightning_step_plateau_schedulers(trainer)
