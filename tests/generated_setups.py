@@ -36,7 +36,7 @@ from torch.utils.data import (
     default_collate,
     get_worker_info,
 )
-from torchmetrics import MeanMetric
+from torchmetrics import MeanMetric, SumMetric
 
 from tests.plain_task import read_images
 
@@ -96,7 +96,8 @@ class GeneratedModule(LightningModule):
             batch_norm: a BatchNorm layer in the hidden layer.
             scheduled_accumulation: a GradientAccumulationScheduler of the module's (`configure_callbacks`): 2
                 micro-batches a step from epoch 1.
-            epoch_metrics: the epoch's mean loss logged by Lightning (`on_epoch=True`) and by a torchmetrics metric.
+            epoch_metrics: the epoch's mean loss logged by Lightning (`on_epoch=True`) and by a torchmetrics metric,
+                and the sum of every loss so far, a torchmetrics metric gathered across epochs (never reset).
             lr: the learning rate.
         """
         super().__init__()
@@ -109,7 +110,7 @@ class GeneratedModule(LightningModule):
             self.register_buffer("loss_average", torch.zeros(()))
         self.samples_seen = 0
         if epoch_metrics:
-            self.train_mean = MeanMetric()
+            self.train_mean, self.loss_total = MeanMetric(), SumMetric()
 
     def forward(self, features: torch.Tensor) -> torch.Tensor:
         return self.head(self.body(features))
@@ -121,6 +122,7 @@ class GeneratedModule(LightningModule):
         if self.hparams.epoch_metrics:
             self.train_mean.update(loss)
             self.log("train_mean", self.train_mean, on_step=False, on_epoch=True)
+            self.loss_total.update(loss.detach())
         if self.hparams.step_buffer:
             self.loss_average.mul_(0.9).add_(0.1 * loss.detach())
         self.samples_seen += len(target)
@@ -359,6 +361,9 @@ class TrainedBatches(Callback):
     def __init__(self) -> None:
         self.fingerprint = ""
         self.validations: list[tuple[int, list[float]]] = []
+        # {epoch: values}: an epoch restarted at its end (max_steps) runs its on_train_epoch_end hooks again (said in
+        # docs/reliability.md), which records the same values again.
+        self.epoch_metrics: dict[int, list[float]] = {}
 
     def on_train_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._add(trainer, f"epoch {trainer.current_epoch}".encode())  # a user's hook at every epoch's start
@@ -371,16 +376,25 @@ class TrainedBatches(Callback):
         every = trainer.strategy.all_gather(digest).cpu().numpy().tobytes()  # each process's, in rank order
         self.fingerprint = hashlib.blake2b(self.fingerprint.encode() + every, digest_size=8).hexdigest()
 
+    def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        """The epoch's values of `epoch_metrics` (Lightning's mean, torchmetrics' mean) and the sum of all losses."""
+        if pl_module.hparams.get("epoch_metrics"):
+            logged = [trainer.callback_metrics[key] for key in ("train_loss_epoch", "train_mean")]
+            values = torch.stack([v.detach().float() for v in [*logged, pl_module.loss_total.compute()]])
+            gathered = trainer.strategy.all_gather(values).cpu().reshape(-1).tolist()
+            self.epoch_metrics[trainer.current_epoch] = gathered
+
     def on_validation_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         if not trainer.sanity_checking and "val_loss" in trainer.callback_metrics:
             losses = trainer.strategy.all_gather(trainer.callback_metrics["val_loss"].detach()).reshape(-1)
             self.validations.append((trainer.global_step, losses.tolist()))
 
     def state_dict(self) -> dict[str, Any]:
-        return {"fingerprint": self.fingerprint, "validations": self.validations}
+        return {"fingerprint": self.fingerprint, "validations": self.validations, "epoch_metrics": self.epoch_metrics}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.fingerprint, self.validations = state_dict["fingerprint"], list(state_dict["validations"])
+        self.epoch_metrics = dict(state_dict["epoch_metrics"])
 
 
 class SigtermAfterBatches(Callback):
@@ -425,6 +439,7 @@ def outcome(trainer: Trainer) -> dict[str, Any]:
         "samples_seen": module.samples_seen if module.hparams.get("checkpoint_entry") else None,
         "trained batches": recorder.fingerprint,
         "validations": recorder.validations,
+        "epoch metrics": recorder.epoch_metrics,
     }
 
 

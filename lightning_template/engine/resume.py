@@ -180,6 +180,11 @@ def epoch_ran_out(trainer: Trainer) -> bool:
     return batches.is_last_batch or batches.current.ready == trainer.num_training_batches
 
 
+def epoch_ends_here(trainer: Trainer) -> bool:
+    """The batch just trained is the epoch's last, or the run's (`max_steps`): Lightning ends the epoch next."""
+    return epoch_ran_out(trainer) or 0 <= trainer.max_steps <= trainer.global_step
+
+
 def plateau_schedulers(trainer: Trainer) -> list[Any]:
     """The ReduceLROnPlateau schedulers that Lightning steps (those of automatic optimization)."""
     if not trainer.lightning_module.automatic_optimization:
@@ -266,10 +271,10 @@ class ResumeCheckpoint(ModelCheckpoint):
         mark_saved_at(self, checkpoint["global_step"])
 
     def on_validation_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        # A validation after an epoch's last batch (check_val_every_n_epoch > 1, val_check_interval < 1) is saved
-        # by the epoch's end that follows: written here, the run would resume into an epoch already trained, whose
-        # end it logged before it stopped.
-        if not (inside_an_epoch(trainer) and epoch_ran_out(trainer)):
+        # A validation after an epoch's last batch (check_val_every_n_epoch > 1, val_check_interval < 1) or the
+        # run's last step is saved by the epoch's end that follows: written here, the run would resume into an epoch
+        # already trained, whose end it logged before it stopped (or, at max_steps, would never end that epoch).
+        if not (inside_an_epoch(trainer) and epoch_ends_here(trainer)):
             super().on_validation_end(trainer, pl_module)
 
     def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
@@ -629,15 +634,15 @@ class ExactResume(Callback):
         if not self._seeded_at_hand_over:  # a training_step that takes a `dataloader_iter`: no batch hooks run
             self._seed_batch(trainer, trainer.fit_loop.epoch_loop.batch_progress.current.processed)
         # A stop waits for the validation due after this batch (Lightning would cut it short, and the resumed run
-        # would go on without it) and, after an epoch's last batch, for the epoch's end: its validation and epoch-end
-        # checkpoint would otherwise be skipped by the resumed run, which counts the epoch as done.
-        if closes_accumulation_window(trainer) and not epoch_ran_out(trainer):
+        # would go on without it) and, after an epoch's last batch or the run's last step, for the epoch's end: its
+        # validation and epoch-end checkpoint would otherwise be skipped by the resumed run.
+        if closes_accumulation_window(trainer) and not epoch_ends_here(trainer):
             self._stop_if_requested(trainer, at="step")
 
     def on_validation_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         if trainer.state.fn == TrainerFn.FITTING and not trainer.sanity_checking:  # validation inside an epoch
             self._seed_batch(trainer, trainer.fit_loop.epoch_loop.batch_progress.current.processed)
-            if closes_accumulation_window(trainer) and not epoch_ran_out(trainer):
+            if closes_accumulation_window(trainer) and not epoch_ends_here(trainer):
                 self._stop_if_requested(trainer, at="validation")
 
     def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
