@@ -85,10 +85,11 @@ def add_epoch_sums(trainer: Trainer, sums: dict[str, dict[str, Any]]) -> None:
     for key in [key for key in sums if key in results]:
         saved, result = sums.pop(key), results[key]
         value = saved["value"].to(result.value.device)
-        if result.meta.is_mean_reduction or result.meta.is_sum_reduction:
+        if result.meta.is_mean_reduction:
             result.value = value + result.value
-            if result.meta.is_mean_reduction:
-                result.cumulated_batch_size = saved["count"].to(value.device) + result.cumulated_batch_size
+            result.cumulated_batch_size = saved["count"].to(value.device) + result.cumulated_batch_size
+        elif result.meta.is_sum_reduction:
+            result.value = value + result.value
         else:  # max or min
             result.value = result.meta.reduce_fx(value, result.value)
         result._computed = None
