@@ -191,3 +191,17 @@ class ImagesData(LightningDataModule):
         if self.predict == "two":
             return [DataLoader(self.val, batch_size=10), DataLoader(self.val, batch_size=10)]
         return DataLoader(self.val, batch_size=10)
+
+
+class ShortEpochs(LitAutoEncoder):
+    """Epochs ended early the way Lightning's docs show: `on_train_batch_start` returns -1 (here after `batches`)."""
+
+    def __init__(self, lr: float = 1e-3, batches: int = 3) -> None:
+        super().__init__(lr)
+        self.batches = batches
+
+    def on_train_batch_start(self, batch, batch_idx: int) -> int | None:
+        return -1 if batch_idx == self.batches else None
+
+    def configure_optimizers(self):
+        return torch.optim.Adam(self.parameters(), lr=self.hparams.lr)  # no validation runs: nothing to plateau on

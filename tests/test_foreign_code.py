@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import csv
+import signal
 import warnings
 from pathlib import Path
 
@@ -18,7 +19,7 @@ from lightning_template.engine.cli import ProjectCLI
 from lightning_template.engine.errors import ConfigError, InterfaceError
 from lightning_template.tasks.classification.data.fortunes import FORTUNES_DIR
 
-from tests.conftest import last_checkpoint, sigterm_at
+from tests.conftest import last_checkpoint, sigterm_at, train_process
 from tests.foreign_code import EpochValues
 from tests.helpers import same_state
 
@@ -256,3 +257,32 @@ def test_a_dict_or_tuple_of_per_sample_outputs_gets_a_column_per_value_and_a_sca
     ):
         _predicted(tmp_path, monkeypatch, "--model.returns=scalar")
     assert not (tmp_path / "predictions.csv").exists()  # nothing that passes for a result
+
+
+SHORT_EPOCHS = ["--model=tests.foreign_code.ShortEpochs", "--data=tests.foreign_code.ImagesData", *UNMONITORED, *RUN]
+
+
+def test_epochs_ended_early_by_the_module_get_their_last_checkpoint(tmp_path: Path, monkeypatch, capsys) -> None:
+    """`on_train_batch_start` returning -1 ends the epoch after 3 of its 8 batches (Lightning counts that batch
+    processed, never started): last.ckpt is written at each epoch's end, and the closing line names it."""
+    fit(tmp_path, monkeypatch, SHORT_EPOCHS)
+    (named,) = [line.split(": ", 1)[1] for line in capsys.readouterr().out.splitlines() if "last checkpoint:" in line]
+    assert (tmp_path / named).is_file(), f"the closing line names {named}, which is not there"
+    saved = last_checkpoint(tmp_path)
+    assert (saved["epoch"], saved["global_step"]) == (1, 6)
+
+
+@pytest.mark.slow
+def test_epochs_ended_early_resume_after_a_sigkill_as_the_run_never_stopped(tmp_path: Path) -> None:
+    """Killed (SIGKILL: nothing saved on the way out) in epoch 2 of 3, the run resumes from the last.ckpt of epoch 1's
+    end and ends with the weights of the run never stopped."""
+    args = ["fit", *SHORT_EPOCHS, "--trainer.max_epochs=3"]
+    train_process(args, tmp_path / "full")
+    kill = ["--trainer.callbacks+=tests.helpers.SignalAtBatch", "--trainer.callbacks.epoch=1",
+            "--trainer.callbacks.batch=1", f"--trainer.callbacks.signum={int(signal.SIGKILL)}"]  # fmt: skip
+    train_process([*args, *kill], tmp_path / "cut", expect=-signal.SIGKILL)
+    assert last_checkpoint(tmp_path / "cut")["global_step"] == 3  # epoch 1's end
+    train_process([*args, "--ckpt_path=last"], tmp_path / "cut")
+    uninterrupted, resumed = last_checkpoint(tmp_path / "full"), last_checkpoint(tmp_path / "cut")
+    assert resumed["global_step"] == uninterrupted["global_step"] == 9
+    assert same_state(uninterrupted["state_dict"], resumed["state_dict"])

@@ -416,7 +416,7 @@ class ProjectCLI(CLIHooks):
             score = "" if counted else f" ({best.monitor}={float(best.best_model_score):.4f})"
             lines.append(f"best checkpoint: {best.best_model_path}{score}")
         last = next((c.best_model_path for c in trainer.checkpoint_callbacks if isinstance(c, ResumeCheckpoint)), "")
-        if last:
+        if last and Path(last).is_file():  # a save that was refused or failed names a file never written
             lines.append(f"last checkpoint: {last}")
         stopped = early_stopping_decided(trainer)
         if stopped is not None and trainer.should_stop:  # Lightning's reason, as it was when it decided

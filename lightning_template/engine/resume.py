@@ -171,7 +171,8 @@ def few(names: list[str]) -> str:
 def at_step_boundary(trainer: Trainer) -> bool:
     """No step is half done: no batch between forward and end, no accumulated gradient pending."""
     progress = trainer.fit_loop.epoch_loop.batch_progress.current
-    return progress.started == progress.processed and closes_accumulation_window(trainer)
+    # A batch whose `on_train_batch_start` returned -1 (the epoch ends there) is counted processed, never started.
+    return progress.started <= progress.processed and closes_accumulation_window(trainer)
 
 
 def epoch_ran_out(trainer: Trainer) -> bool:
