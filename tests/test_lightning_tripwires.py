@@ -1,0 +1,259 @@
+"""Tripwires: each Lightning bug the engine corrects, shown on plain Lightning (no engine code runs here).
+
+Each test asserts that the installed Lightning still behaves as the correction assumes. The day a release fixes the
+bug, its test fails naming the correction to delete: kept, it would correct what is no longer wrong. The list, with
+the upstream issues and the versions they hold for, is in docs/extending.md ("Corrections of Lightning").
+"""
+
+from __future__ import annotations
+
+import signal
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import lightning
+import pytest
+import torch
+from lightning import Callback, LightningDataModule, LightningModule, Trainer
+from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+
+BATCHES = 4  # per epoch, one sample each
+
+
+def fixed_by_lightning(correction: str, issue: str = "") -> str:
+    upstream = f" ({issue})" if issue else ""
+    return (
+        f"Lightning {lightning.__version__} no longer has the bug{upstream} that {correction} corrects: delete that"
+        " correction (and its call), this tripwire, and its line in docs/extending.md's corrections."
+    )
+
+
+class Tiny(LightningModule):
+    """One weight, four one-sample batches an epoch; records what each batch trained on."""
+
+    def __init__(self, plateau: bool = False, reads_stepping_batches: bool = False, workers: int = 0) -> None:
+        super().__init__()
+        self.layer = torch.nn.Linear(1, 1)
+        self.plateau, self.reads_stepping_batches, self.workers = plateau, reads_stepping_batches, workers
+        self.seen: list[tuple[int, int]] = []  # (epoch, sample)
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        (x,) = batch
+        self.seen.append((self.current_epoch, int(x.item())))
+        loss = self.layer(x.float()).pow(2).mean()
+        self.log("loss", loss, on_epoch=True)
+        return loss
+
+    def configure_optimizers(self) -> Any:
+        if self.reads_stepping_batches:
+            assert self.trainer.estimated_stepping_batches > 0
+        optimizer = torch.optim.SGD(self.parameters(), lr=0.01)
+        if not self.plateau:
+            return optimizer
+        scheduler = torch.optim.lr_scheduler.ReduceLROnPlateau(optimizer)
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "monitor": "loss"}}
+
+    def train_dataloader(self) -> DataLoader:
+        data = TensorDataset(torch.arange(BATCHES))
+        return DataLoader(data, batch_size=1, num_workers=self.workers)
+
+
+class SaveAt(Callback):
+    """Writes a checkpoint where a checkpoint callback would: at a batch's end, or at an epoch's end."""
+
+    def __init__(self, path: Path, epoch: int, batch: int | None = None) -> None:
+        self.path, self.epoch, self.batch = path, epoch, batch
+
+    def on_train_batch_end(self, trainer: Trainer, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
+        if (trainer.current_epoch, batch_idx) == (self.epoch, self.batch):
+            trainer.save_checkpoint(self.path)
+
+    def on_train_epoch_end(self, trainer: Trainer, pl_module: Any) -> None:
+        if self.batch is None and trainer.current_epoch == self.epoch:
+            trainer.save_checkpoint(self.path)
+
+
+class Probe(Callback):
+    """What Lightning's loop says at each epoch's start and end."""
+
+    def __init__(self) -> None:
+        self.epoch_starts: list[int] = []
+        self.epoch_ends: list[tuple[int, int]] = []  # (current_epoch, epochs counted processed)
+        self.should_stop_at_start: bool | None = None
+
+    def on_train_start(self, trainer: Trainer, pl_module: Any) -> None:
+        self.should_stop_at_start = trainer.should_stop
+
+    def on_train_epoch_start(self, trainer: Trainer, pl_module: Any) -> None:
+        self.epoch_starts.append(trainer.current_epoch)
+
+    def on_train_epoch_end(self, trainer: Trainer, pl_module: Any) -> None:
+        self.epoch_ends.append((trainer.current_epoch, trainer.fit_loop.epoch_progress.current.processed))
+
+
+def fit(tmp_path: Path, model: Tiny, callbacks: list[Callback], ckpt_path: Path | None = None, **kwargs: Any) -> Probe:
+    probe = Probe()
+    settings: dict[str, Any] = {"max_epochs": 2, "limit_val_batches": 0, "num_sanity_val_steps": 0, **kwargs}
+    trainer = Trainer(
+        default_root_dir=tmp_path,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[*callbacks, probe],
+        **settings,
+    )
+    trainer.fit(model, ckpt_path=ckpt_path)
+    return probe
+
+
+def resumed(tmp_path: Path, save: dict[str, Any], make: Callable[[], Tiny] = Tiny, **kwargs: Any) -> tuple[Tiny, Probe]:
+    """A run of `make()` stopped once its checkpoint is written (`save`: SaveAt's epoch and batch), then resumed from
+    it with another."""
+    checkpoint = tmp_path / "stopped.ckpt"
+    fit(tmp_path, make(), [SaveAt(checkpoint, **save)], **kwargs)
+    model = make()
+    return model, fit(tmp_path, model, [], ckpt_path=checkpoint, **kwargs)
+
+
+# -- a run with max_steps restarted at an epoch's end (a checkpoint written in on_train_epoch_end) ----------------
+
+
+def test_tripwire_restart_at_epoch_end_counts_the_epoch_processed_twice(tmp_path: Path) -> None:
+    _, probe = resumed(tmp_path, {"epoch": 0}, max_steps=2 * BATCHES)
+    # The run never stopped ends epoch 0 with 1 epoch processed; the resumed one runs that end again and counts 2.
+    assert probe.epoch_ends[0] == (0, 2), fixed_by_lightning("lightning_internals.count_restarted_epoch_once")
+
+
+def test_tripwire_restart_at_epoch_end_trains_one_more_batch_of_it(tmp_path: Path) -> None:
+    model, _ = resumed(tmp_path, {"epoch": 0}, max_steps=2 * BATCHES)
+    # The epoch had no validation to wait for: the resumed run trains a fifth batch of epoch 0.
+    assert [epoch for epoch, _ in model.seen].count(0) == 1, fixed_by_lightning(
+        "lightning_internals.end_restarted_epoch (with leave_restart)"
+    )
+
+
+# -- restarted from a checkpoint written at an epoch's last batch, before the epoch's end -------------------------
+
+
+def test_tripwire_restart_after_last_batch_skips_next_epoch_start_hooks(tmp_path: Path) -> None:
+    _, probe = resumed(tmp_path, {"epoch": 0, "batch": BATCHES - 1})
+    # Lightning counts epoch 0 done and runs epoch 1 as the restarted one: without its on_train_epoch_start.
+    assert probe.epoch_starts == [], fixed_by_lightning("lightning_internals.start_next_epoch")
+
+
+# -- a ReduceLROnPlateau stepped at epoch ends, restarted inside an epoch -------------------------------------------
+
+
+def test_tripwire_restarted_epoch_takes_no_plateau_step(tmp_path: Path) -> None:
+    never_stopped = Tiny(plateau=True)
+    fit(tmp_path, never_stopped, [], max_epochs=1)
+    assert never_stopped.trainer.lr_scheduler_configs[0].scheduler.last_epoch == 1  # stepped at epoch 0's end
+    model, _ = resumed(tmp_path, {"epoch": 0, "batch": 1}, make=lambda: Tiny(plateau=True), max_epochs=1)
+    # The restarted loop skips that step.
+    assert model.trainer.lr_scheduler_configs[0].scheduler.last_epoch == 0, fixed_by_lightning(
+        "lightning_internals.let_lightning_step_plateau_schedulers"
+    )
+
+
+# -- the training loader, when configure_optimizers reads trainer.estimated_stepping_batches ----------------------
+
+
+class StatefulLoader(DataLoader):
+    """A loader with a state of its own, which Lightning saves in the checkpoint and should give back."""
+
+    loaded: list[dict[str, Any]] = []
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"position": 1}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        StatefulLoader.loaded.append(state)
+
+
+class StatefulTiny(Tiny):
+    def train_dataloader(self) -> DataLoader:
+        return StatefulLoader(TensorDataset(torch.arange(BATCHES)), batch_size=1)
+
+
+def test_tripwire_loader_states_not_loaded_when_optimizers_read_stepping_batches(tmp_path: Path) -> None:
+    StatefulLoader.loaded = []
+    resumed(tmp_path, {"epoch": 0, "batch": 1}, make=StatefulTiny)
+    assert StatefulLoader.loaded == [{"position": 1}]  # given back, where configure_optimizers reads nothing
+    StatefulLoader.loaded = []
+    resumed(tmp_path, {"epoch": 0, "batch": 1}, make=lambda: StatefulTiny(reads_stepping_batches=True))
+    assert StatefulLoader.loaded == [], fixed_by_lightning(
+        "lightning_internals.load_train_loader_states", "Lightning #20550"
+    )
+
+
+def test_tripwire_workers_prefetch_before_the_sampler_epoch_is_set(tmp_path: Path) -> None:
+    class SamplerTiny(Tiny):
+        def train_dataloader(self) -> DataLoader:
+            data = TensorDataset(torch.arange(BATCHES))
+            sampler = DistributedSampler(data, num_replicas=1, rank=0, shuffle=True, seed=3)
+            return DataLoader(data, batch_size=1, sampler=sampler, num_workers=1, persistent_workers=False)
+
+    torch.manual_seed(0)
+    never_stopped = SamplerTiny()
+    fit(tmp_path, never_stopped, [])
+    model, _ = resumed(tmp_path, {"epoch": 0}, make=SamplerTiny)
+    epoch = {e: [sample for seen_epoch, sample in never_stopped.seen if seen_epoch == e] for e in (0, 1)}
+    assert epoch[0] != epoch[1]
+    # The resumed run's epoch 1 comes in epoch 0's order: its workers drew the indices before set_epoch(1).
+    assert [sample for _, sample in model.seen] == epoch[0], fixed_by_lightning(
+        "the restart of the training iterator in ExactResume.on_train_start"
+        " (lightning_internals.restart_train_iterator) and sampling.EpochSampler's reading of the epoch from the loop",
+        "Lightning #21938",
+    )
+
+
+# -- what a checkpoint does not hold --------------------------------------------------------------------------------
+
+
+def test_tripwire_should_stop_is_not_restored(tmp_path: Path) -> None:
+    class StopAndSave(SaveAt):
+        def on_train_batch_end(self, trainer: Trainer, *args: Any) -> None:
+            trainer.should_stop = True  # as early stopping decides, before the step's checkpoint
+            super().on_train_batch_end(trainer, *args)
+
+    checkpoint = tmp_path / "stopped.ckpt"
+    fit(tmp_path, Tiny(), [StopAndSave(checkpoint, epoch=0, batch=0)], max_epochs=1)
+    probe = fit(tmp_path, Tiny(), [], ckpt_path=checkpoint, max_epochs=1)
+    assert probe.should_stop_at_start is False, fixed_by_lightning("ExactResume._stop_as_decided")
+
+
+# -- outside the loops ----------------------------------------------------------------------------------------------
+
+
+def test_tripwire_datamodule_str_calls_its_loaders() -> None:
+    class Described(LightningDataModule):
+        calls = 0
+
+        def train_dataloader(self) -> DataLoader:
+            Described.calls += 1
+            raise RuntimeError("not set up yet")
+
+    str(Described())
+    assert Described.calls == 1, fixed_by_lightning("lightning_internals.datamodules_named_by_class")
+
+
+def test_tripwire_failing_on_exception_skips_teardown(tmp_path: Path) -> None:
+    class Fails(Tiny):
+        def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+            raise ValueError("the run fails")
+
+    class SaveFails(Callback):
+        def on_exception(self, trainer: Trainer, pl_module: Any, exception: BaseException) -> None:
+            raise OSError("the disk is full")
+
+    before = signal.getsignal(signal.SIGTERM)
+    try:
+        with pytest.raises(OSError, match="disk is full"):
+            fit(tmp_path, Fails(), [SaveFails()])
+        left = signal.getsignal(signal.SIGTERM)
+    finally:
+        signal.signal(signal.SIGTERM, before)
+    # Lightning's SIGTERM handler is left installed: its teardown, which restores the handlers, did not run.
+    assert left is not before, fixed_by_lightning("ResumeCheckpoint.on_exception's try/except around the save")
