@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from lightning import Callback, LightningDataModule, Trainer
-from lightning.pytorch.callbacks import Checkpoint, EarlyStopping, ModelCheckpoint
+from lightning.pytorch.callbacks import Checkpoint, EarlyStopping, ModelCheckpoint, Timer
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, _InstantiatorFn
 from lightning.pytorch.plugins.environments import SLURMEnvironment
 from lightning.pytorch.profilers import PassThroughProfiler
@@ -28,12 +28,10 @@ USED = (
     ("trainer", "fit_loop.epoch_loop.val_loop._results"),
     ("trainer", "fit_loop._restarting"),
     ("trainer", "fit_loop._can_stop_early"),
-    ("trainer", "fit_loop.epoch_loop.val_loop._has_run"),
     ("trainer", "fit_loop.epoch_loop._should_check_val_fx"),
     ("trainer", "fit_loop.epoch_loop._skip_next_val"),
     ("trainer", "fit_loop.epoch_loop._batches_that_stepped"),
     ("trainer", "fit_loop.epoch_loop.restarted_on_train_batch_end"),
-    ("trainer", "fit_loop.epoch_loop.on_iteration_done"),
     ("trainer", "fit_loop.epoch_loop.val_loop.restarted_mid_evaluation"),
     ("trainer", "fit_loop.epoch_loop.update_restart_stage"),
     ("trainer", "fit_loop.epoch_loop.reset_restart_stage"),
@@ -162,25 +160,22 @@ def may_stop_early(trainer: Trainer) -> bool:
     return trainer.fit_loop._can_stop_early
 
 
-def end_restarted_epoch(trainer: Trainer) -> bool:
-    """A run with `max_steps` restarted from a checkpoint written at an epoch's end (after its validation, if it had
-    one): Lightning's epoch loop waits for a validation to finish the epoch, and trains one more batch of it where
-    the epoch has none (`check_val_every_n_epoch`, `val_check_interval`). Say that it has none to wait for. True if
-    so (`leave_restart` must then be called when the next epoch starts)."""
+def finish_restarted_epoch(trainer: Trainer) -> bool:
+    """A run with `max_steps` restarted from a checkpoint written at an epoch's end (in its `on_train_epoch_end`):
+    Lightning restarts that epoch (it keeps a loop with `max_steps` restarting even at an epoch's end) and runs its
+    end again, its `on_train_epoch_end` hooks included (a module counting epochs counts one more). Resumed as
+    Lightning resumes such a checkpoint with `max_epochs`: the epoch is done, and the next one starts here as in the
+    run never stopped. True if it was such a restart."""
     loop = trainer.fit_loop
-    if not loop.restarted_on_epoch_end or loop.epoch_loop._should_check_val_fx(loop._data_fetcher):
+    if not loop.restarted_on_epoch_end:
         return False
-    loop.epoch_loop.val_loop._has_run = True
+    loop._restarting = False  # its setter keeps a loop with max_steps restarting
+    loop.epoch_loop.restarting = False  # and its validation loop
+    loop.epoch_loop.reset_restart_stage()
+    loop.epoch_loop.val_loop.reset_restart_stage()
+    loop.reset_restart_stage()
+    loop.epoch_progress.increment_completed()
     return True
-
-
-def count_restarted_epoch_once(trainer: Trainer) -> None:
-    """In the `on_train_epoch_end` of an epoch restarted at its end (`restarted_on_epoch_end`, with `max_steps`):
-    Lightning runs that end again and has counted the epoch as processed a second time, so `--trainer.min_epochs`
-    would let early stopping end the run an epoch early, and the next epoch would seem not started."""
-    progress = trainer.fit_loop.epoch_progress
-    progress.current.processed -= 1
-    progress.total.processed -= 1
 
 
 def restored_after_last_batch(trainer: Trainer) -> bool:
@@ -249,13 +244,14 @@ def skips_due_validation_at_its_end(trainer: Trainer) -> bool:
         epoch_loop.val_loop.reset_restart_stage()
 
 
-def leave_restart(trainer: Trainer) -> None:
-    """The epoch loop and its validation leave their restart state, as they do after the first batch of a restarted
-    epoch (after `end_restarted_epoch`, no batch of the restarted epoch runs)."""
-    loop = trainer.fit_loop.epoch_loop
-    loop.on_iteration_done()
-    loop.val_loop.restarting = False
-    loop.val_loop._has_run = False
+def restart_time_budgets(trainer: Trainer, checkpoint: dict[str, Any]) -> None:
+    """Each run trains for `--trainer.max_time` from its own start. Lightning's Timer restores the time the checkpoint's
+    run had trained, so the run it stopped, resumed, trains nothing and ends as if finished. Called in a callback's
+    `on_load_checkpoint`, before the Timer loads its entry: the entry holds no time trained."""
+    entries = checkpoint.get("callbacks", {})
+    for timer in (callback for callback in trainer.callbacks if isinstance(callback, Timer)):
+        if timer.state_key in entries:
+            entries[timer.state_key]["time_elapsed"] = {}
 
 
 def forget_train_loader(trainer: Trainer) -> None:

@@ -51,14 +51,13 @@ from lightning_template.engine.lightning_internals import (
     call_before_batch_hooks,
     closes_accumulation_window,
     cluster_environment,
-    count_restarted_epoch_once,
-    end_restarted_epoch,
-    leave_restart,
+    finish_restarted_epoch,
     let_lightning_step_plateau_schedulers,
     load_train_loader_states,
     mark_saved_at,
     may_stop_early,
     requeue_slurm_job,
+    restart_time_budgets,
     restart_train_iterator,
     restored_after_last_batch,
     save_now,
@@ -330,8 +329,6 @@ class ExactResume(Callback):
         self._warnings: warnings.catch_warnings | None = None  # Lightning's warning silenced for this run
         self._inexact: str | None = None  # why the training loader cannot continue mid-epoch, if it cannot
         self._plateau_at_epoch_end = False  # the restarted epoch's plateau step: Lightning's to take at its end
-        self._counted_twice = False  # the epoch restarted at its end: Lightning counts it processed again there
-        self._leave_restart = False  # restarted at an epoch's end: the loops leave their restart state at the next
         self._iterate_anew = False  # resumed between epochs: the next epoch's loader iterator is made after seeding
         self._trainer_loop_skipped = True  # until on_train_start: Lightning skips it when resumed at its end
         self._undo_batch_hooks: Callable[[], None] | None = None
@@ -379,6 +376,9 @@ class ExactResume(Callback):
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self._saved = state_dict
 
+    def on_load_checkpoint(self, trainer: Trainer, pl_module: LightningModule, checkpoint: dict[str, Any]) -> None:
+        restart_time_budgets(trainer, checkpoint)  # a stop of --trainer.max_time is a pause: the resumed run goes on
+
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._install_signal_handlers(trainer)
         self._undo_batch_hooks = call_before_batch_hooks(trainer, self._seed_training_batch)
@@ -386,7 +386,7 @@ class ExactResume(Callback):
         self._trainer_loop_skipped = False
         self._epoch_setups = []
         self._gradients_pending = False
-        self._counted_twice = trainer.fit_loop.restarted_on_epoch_end
+        finish_restarted_epoch(trainer)  # before what follows reads the restored loop
         # Said at a run's start, and at a resume after an epoch's last batch (the next epoch starts from its start).
         between_epochs = not trainer.fit_loop.restarted_mid_epoch or restored_after_last_batch(trainer)
         if self._inexact and between_epochs:
@@ -416,7 +416,6 @@ class ExactResume(Callback):
         stops_here = bool(self._saved.get("should_stop") and early_stopping_decided(trainer))
         if stops_here:
             self._stop_as_decided(trainer)
-        self._leave_restart = end_restarted_epoch(trainer)
         self._iterate_anew = not trainer.fit_loop.restarted_mid_epoch
         self._restore_metrics(trainer)
         self._restore_plateau_step(trainer)
@@ -605,9 +604,6 @@ class ExactResume(Callback):
         seed_all(derive_seed(self._seed, trainer.current_epoch, batch, trainer.global_rank))
 
     def on_train_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        if self._leave_restart:
-            self._leave_restart = False
-            leave_restart(trainer)
         self._seed_batch(trainer, 0)
         if self._iterate_anew:
             self._iterate_anew = False
@@ -647,9 +643,6 @@ class ExactResume(Callback):
                 self._stop_if_requested(trainer, at="validation")
 
     def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        if self._counted_twice:
-            self._counted_twice = False
-            count_restarted_epoch_once(trainer)
         if self._plateau_at_epoch_end:
             self._plateau_at_epoch_end = False
             let_lightning_step_plateau_schedulers(trainer)
