@@ -8,6 +8,7 @@ the upstream issues and the versions they hold for, is in docs/extending.md ("Co
 from __future__ import annotations
 
 import signal
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -122,16 +123,35 @@ def resumed(tmp_path: Path, save: dict[str, Any], make: Callable[[], Tiny] = Tin
 
 def test_tripwire_restart_at_epoch_end_counts_the_epoch_processed_twice(tmp_path: Path) -> None:
     _, probe = resumed(tmp_path, {"epoch": 0}, max_steps=2 * BATCHES)
-    # The run never stopped ends epoch 0 with 1 epoch processed; the resumed one runs that end again and counts 2.
-    assert probe.epoch_ends[0] == (0, 2), fixed_by_lightning("lightning_internals.count_restarted_epoch_once")
+    # The run never stopped ends epoch 0 once, with 1 epoch processed; the resumed one runs that end (its
+    # on_train_epoch_end hooks) again and counts 2.
+    assert probe.epoch_ends[0] == (0, 2), fixed_by_lightning("lightning_internals.finish_restarted_epoch")
 
 
 def test_tripwire_restart_at_epoch_end_trains_one_more_batch_of_it(tmp_path: Path) -> None:
     model, _ = resumed(tmp_path, {"epoch": 0}, max_steps=2 * BATCHES)
     # The epoch had no validation to wait for: the resumed run trains a fifth batch of epoch 0.
     assert [epoch for epoch, _ in model.seen].count(0) == 1, fixed_by_lightning(
-        "lightning_internals.end_restarted_epoch (with leave_restart)"
+        "lightning_internals.finish_restarted_epoch"
     )
+
+
+# -- a run stopped by --trainer.max_time (Lightning's Timer) ---------------------------------------------------------
+
+
+class SlowSteps(Callback):
+    def on_train_batch_end(self, *args: Any) -> None:
+        time.sleep(0.2)  # half a second of max_time stops the run after its third step at most
+
+
+def test_tripwire_timer_resumes_with_the_time_the_stopped_run_trained(tmp_path: Path) -> None:
+    checkpoint, budget = tmp_path / "stopped.ckpt", {"max_time": {"seconds": 0.5}}
+    stopped = Tiny()
+    fit(tmp_path, stopped, [SaveAt(checkpoint, epoch=0), SlowSteps()], **budget)  # Lightning ends the epoch there
+    assert 0 < stopped.trainer.global_step < BATCHES
+    model = Tiny()
+    fit(tmp_path, model, [SlowSteps()], ckpt_path=checkpoint, **budget)
+    assert model.seen == [], fixed_by_lightning("lightning_internals.restart_time_budgets")
 
 
 # -- restarted from a checkpoint written at an epoch's last batch, before the epoch's end -------------------------

@@ -74,15 +74,6 @@ def test_finish_restarted_epoch_ends_an_epoch_restored_at_its_end_once(tmp_path:
     assert not finish.finished and with_max_epochs.lightning_module.epochs.item() == 3  # Lightning's own resume
 
 
-def test_tripwire_lightning_ends_an_epoch_restored_at_its_end_twice_with_max_steps(tmp_path: Path) -> None:
-    fit_epochs(tmp_path, [])
-    resumed = fit_epochs(tmp_path / "resumed", [], tmp_path / "epoch=1.ckpt")
-    assert resumed.lightning_module.epochs.item() == 4, (
-        "Lightning now runs the end of an epoch restored at its end once with max_steps: delete"
-        " finish_restarted_epoch from lightning_template/engine/lightning_internals.py (and its call in ExactResume)."
-    )
-
-
 class SlowSteps(Callback):
     """A step of 0.2 s at least: `--trainer.max_time` of half a second stops the run after its third step at most."""
 
@@ -115,11 +106,3 @@ def test_a_run_stopped_by_max_time_goes_on_when_resumed(tmp_path: Path) -> None:
 def test_restart_time_budgets_gives_a_resumed_run_its_max_time_again(tmp_path: Path) -> None:
     stopped = fit_for_half_a_second(tmp_path, [RestartTimeBudgets()])
     assert fit_for_half_a_second(tmp_path, [RestartTimeBudgets()], resume=True) > stopped
-
-
-def test_tripwire_lightning_resumes_a_run_stopped_by_max_time_with_no_time_left(tmp_path: Path) -> None:
-    stopped = fit_for_half_a_second(tmp_path, [])
-    assert fit_for_half_a_second(tmp_path, [], resume=True) == stopped, (
-        "Lightning's Timer now gives a resumed run its max_time again: delete restart_time_budgets from"
-        " lightning_template/engine/lightning_internals.py (and its call in ExactResume.on_load_checkpoint)."
-    )
