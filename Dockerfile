@@ -12,7 +12,7 @@ FROM python:3.11-slim
 
 ARG TORCH_INDEX=https://download.pytorch.org/whl/cpu
 WORKDIR /app
-RUN pip install --no-cache-dir --index-url "$TORCH_INDEX" torch==2.14.1 torchvision==0.29.1
+RUN pip install --no-cache-dir --index-url "$TORCH_INDEX" torch==2.15.0 torchvision==0.29.2
 COPY pyproject.toml README.md ./
 COPY lightning_template lightning_template
 COPY configs configs

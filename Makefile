@@ -20,7 +20,7 @@ ARGS ?=
 export MALLOC_MMAP_THRESHOLD_ ?= 33554432
 export MALLOC_TRIM_THRESHOLD_ ?= 1073741824
 
-.PHONY: install lock data train test test-all matrix resume-fuzz resume-fuzz-ddp lint format hooks docs clean transfer fortunes text-data
+.PHONY: install lock data train test test-all test-newest test-lowest matrix resume-fuzz resume-fuzz-ddp lint format hooks docs clean transfer fortunes text-data
 # extra:timm
 .PHONY: transfer-timm
 # /extra:timm
@@ -96,8 +96,22 @@ seeds: data $(VENV)/.installed-tune
 # What to run after every change (under a minute on 2 CPU cores): each job for a few steps, your own model
 # and data, resume at a glance, the quick checks. `worksteal`: a process that runs out of tests takes some of the
 # other's, so neither waits at the end.
+FAST_TESTS := -n auto --dist worksteal -m "not slow and not matrix"
 test: $(VENV)/.installed-test
-	$(BIN)/python -m pytest -n auto --dist worksteal -m "not slow and not matrix"
+	$(BIN)/python -m pytest $(FAST_TESTS)
+
+# `make test` against what pyproject.toml allows rather than what uv.lock holds (the lock untouched), each in a venv of
+# its own made anew (under .venv/, from uv's cache after the first time): test-newest with the newest releases of
+# torch, torchvision, Lightning, torchmetrics and the rest; test-lowest with the lowest each lower bound allows (uv's
+# --resolution lowest-direct; the packages they need, the newest that fit).
+test-newest: RESOLUTION := highest
+test-lowest: RESOLUTION := lowest-direct
+test-newest test-lowest: | $(UV)
+	rm -rf $(VENV)/$(@:test-%=%)
+	$(UV) venv --quiet --python $(BIN)/python $(VENV)/$(@:test-%=%)
+	$(UV) pip install --python $(VENV)/$(@:test-%=%) --resolution $(RESOLUTION) --editable '.[test]'
+	$(UV) pip list --python $(VENV)/$(@:test-%=%) | grep -E '^(torch|torchvision|lightning|torchmetrics) '
+	$(VENV)/$(@:test-%=%)/bin/python -m pytest $(FAST_TESTS)
 
 # Every test but the setups matrix (12 to 15 minutes on 2 CPU cores): processes, DDP, signals, generated
 # projects, every preset. One process per core, as `make test`; then the tests whose processes meet on a local port,
