@@ -77,6 +77,9 @@ JOB_DATA := $(if $(findstring language_model,$(CONFIG)),fortunes $(VENV)/.instal
 # extra:timm
 JOB_DATA := $(if $(findstring timm_finetune,$(CONFIG)),install,$(JOB_DATA))$(if $(findstring timm,$(CONFIG)), $(VENV)/.installed-timm)
 # /extra:timm
+# extra:hf
+JOB_DATA := $(if $(findstring hf_,$(CONFIG)),text-data $(VENV)/.installed-hf,$(JOB_DATA))
+# /extra:hf
 TRAIN_DATA ?= $(JOB_DATA)
 train: $(TRAIN_DATA)
 	$(BIN)/python train.py fit --config $(CONFIG) $(ARGS)

@@ -215,6 +215,14 @@ def offline_flags(config: str, inputs: dict[str, Path], request: pytest.FixtureR
         backbone = yaml.safe_load(text)["model"]["init_args"]["backbone"]
         flags.append(f"--model.init_args.weights={saved_by_timm(backbone, inputs['root'])}")
     # /extra:timm
+    # extra:hf
+    if "HFTextDataModule" in text:  # a tiny encoder saved here, in place of the one `make hf-pretrain` writes
+        from tests.hf_models.encoders import saved_encoder
+
+        texts, encoder = request.getfixturevalue("fortunes_dir"), saved_encoder("bert", inputs["root"])
+        flags += [f"--data.init_args.{s}_file={texts / f'{s}.jsonl'}" for s in ("train", "val", "test")]
+        flags += [f"--model.init_args.backbone={encoder}", f"--data.init_args.tokenizer={encoder}"]
+    # /extra:hf
     return flags
 
 

@@ -31,6 +31,9 @@ EXTRA_MODULES += ["lightning_template.tools"]
 # extra:timm
 EXTRA_MODULES += ["lightning_template.timm_models", "timm"]
 # /extra:timm
+# extra:hf
+EXTRA_MODULES += ["lightning_template.hf_models", "transformers", "peft"]
+# /extra:hf
 
 
 @pytest.mark.slow

@@ -10,17 +10,14 @@ does not fit the backbone fails, naming the keys; no layer is left at its random
 from __future__ import annotations
 
 import difflib
-import os
-import socket
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 import torch
 from torch import nn
 
 from lightning_template.engine.errors import ConfigError, MissingPackageError
-from lightning_template.tasks.classification.models.pretrained import WeightsError, adapt_input_conv
+from lightning_template.tasks.classification.models.pretrained import WeightsError, adapt_input_conv, reachable
 
 try:
     import timm
@@ -33,7 +30,6 @@ except ImportError as err:
 
 HUB_TAGS = ("timm", "pretrained")  # --model.weights values meaning timm's own weights of the backbone
 HUB_FILES = ("model.safetensors", "pytorch_model.bin")  # what timm's Hub repositories hold, the preferred first
-PROXY_VARIABLES = ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy")
 
 
 def check_backbone(backbone: str) -> None:
@@ -84,18 +80,6 @@ def read_weights(path: Path) -> dict[str, torch.Tensor]:
     if not state or not all(isinstance(value, torch.Tensor) for value in state.values()):
         raise WeightsError(f"--model.weights {path}: expected tensors by name (a state dict) or a checkpoint.")
     return state
-
-
-def reachable(url: str) -> bool:
-    """Whether the Hub's host answers, in seconds (huggingface_hub's retries take a minute to give up offline)."""
-    if any(os.environ.get(name) for name in PROXY_VARIABLES):
-        return True  # through a proxy: the download itself will tell
-    parts = urlsplit(url)
-    try:
-        socket.create_connection((parts.hostname, parts.port or 443), timeout=5).close()
-    except OSError:
-        return False
-    return True
 
 
 def hub_weights(backbone: str, tag: str) -> dict[str, torch.Tensor]:

@@ -204,6 +204,7 @@ EXTRA_WORDS = {
     "language_model": ["language model", "language_model", "LanguageModel", "5-gram", "n-gram", "bits per character",
                        "decoder-only"],
     "timm": ["TimmClassifier", "[timm]", "transfer-timm", "timm extra", "timm backbone"],
+    "hf": ["HFClassifier", "HFTextDataModule", "[hf]", "hf extra", "installed-hf", "LoRA", "peft", "hf_models"],
 }  # fmt: skip
 
 

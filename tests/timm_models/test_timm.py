@@ -18,9 +18,9 @@ from lightning import Callback, Trainer, seed_everything
 from lightning_template.engine import ExactResume, ResumeCheckpoint
 from lightning_template.engine.cli import ProjectCLI
 from lightning_template.tasks.classification import FashionMNISTDataModule, TwoStageFinetuning
-from lightning_template.tasks.classification.models.pretrained import WeightsError
+from lightning_template.tasks.classification.models.pretrained import PROXY_VARIABLES, WeightsError
 from lightning_template.timm_models import TimmClassifier
-from lightning_template.timm_models.weights import PROXY_VARIABLES, read_weights
+from lightning_template.timm_models.weights import read_weights
 
 from tests.conftest import ROOT
 from tests.helpers import SignalAtBatch, same_state

@@ -91,18 +91,17 @@ class TwoStageFinetuning(Callback):
 
     @staticmethod
     def _backbone(pl_module: LightningModule) -> list[nn.Parameter]:
-        """Every parameter of the network but its classifier."""
+        """What stage 2 trains besides the classifier: the network's `backbone_parameters()`."""
         net = getattr(pl_module, "net", None)
-        if not callable(getattr(net, "get_classifier", None)) or not callable(
+        if not callable(getattr(net, "backbone_parameters", None)) or not callable(
             getattr(pl_module, "parameter_groups", None)
         ):
             raise InterfaceError(
                 f"TwoStageFinetuning needs a ClassificationModule whose `net` has the classifier seam"
-                " (lightning_template/tasks/classification/models/seam.py: get_classifier);"
+                " (lightning_template/tasks/classification/models/seam.py: get_classifier, backbone_parameters);"
                 f" {type(pl_module).__name__} has none."
             )
-        classifier = {id(p) for p in net.get_classifier().parameters()}
-        return [p for p in net.parameters() if id(p) not in classifier]
+        return net.backbone_parameters()
 
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         if stage != "fit":

@@ -247,9 +247,13 @@ class TextClassificationDataModule(SplitLoaders, LightningDataModule):
                 raise ConfigError(
                     "TextClassificationDataModule needs --data.train_file (or --ckpt_path of a trained run)."
                 )
-            tokenizer = WordTokenizer.build([text for text, _ in self.train_records], self.max_vocab, self.min_freq)
-            self._learned = tokenizer, sorted({label for _, label in self.train_records + self.held_out_records})
+            labels = sorted({label for _, label in self.train_records + self.held_out_records})
+            self._learned = self.build_tokenizer(), labels
         return self._learned
+
+    def build_tokenizer(self) -> WordTokenizer:
+        """The tokenizer learned from the training texts; a subclass may bring its own (a pretrained model's)."""
+        return WordTokenizer.build([text for text, _ in self.train_records], self.max_vocab, self.min_freq)
 
     @property
     def tokenizer(self) -> WordTokenizer:

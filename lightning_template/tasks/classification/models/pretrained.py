@@ -12,16 +12,33 @@ and the reverse.
 from __future__ import annotations
 
 import math
+import os
+import socket
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import torch
 from torch import nn
 
 from lightning_template.engine.errors import ConfigError
 
+PROXY_VARIABLES = ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy")
+
 
 class WeightsError(ConfigError):
     """A weights file or name that cannot be used for this network."""
+
+
+def reachable(url: str) -> bool:
+    """Whether the Hub's host answers, in seconds (huggingface_hub's retries take a minute to give up offline)."""
+    if any(os.environ.get(name) for name in PROXY_VARIABLES):
+        return True  # through a proxy: the download itself will tell
+    parts = urlsplit(url)
+    try:
+        socket.create_connection((parts.hostname, parts.port or 443), timeout=5).close()
+    except OSError:
+        return False
+    return True
 
 
 def adapt_input_conv(weight: torch.Tensor, in_channels: int) -> torch.Tensor:

@@ -7,7 +7,7 @@ The classifier is one `nn.Linear` attribute named `classifier_name`. Fine-tuning
 (`callbacks/finetuning.py`'s `TwoStageFinetuning`) freezes everything but `get_classifier()`; reusing a
 trained network on new classes loads everything but the classifier (`models/pretrained.py`;
 `reset_classifier(n)` does the same for a network in hand); weight decay skips what
-`no_weight_decay()` names.
+`no_weight_decay()` names; `backbone_parameters()` is what stage 2 of fine-tuning unfreezes.
 """
 
 from __future__ import annotations
@@ -38,6 +38,12 @@ class ClassifierNet(nn.Module):
         """A freshly initialized classifier for `num_classes` classes."""
         old = self.get_classifier()
         setattr(self, self.classifier_name, nn.Linear(old.in_features, num_classes).to(old.weight.device))
+
+    def backbone_parameters(self) -> list[nn.Parameter]:
+        """What fine-tuning trains besides the classifier: every other parameter, or an adapter's alone (its
+        frozen base stays frozen). `TwoStageFinetuning` freezes them in stage 1 and unfreezes them in stage 2."""
+        classifier = {id(p) for p in self.get_classifier().parameters()}
+        return [p for p in self.parameters() if id(p) not in classifier]
 
     def no_weight_decay(self) -> set[str]:
         """Names of parameters that must not decay although they are matrices (embeddings, positions)."""
