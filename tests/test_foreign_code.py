@@ -111,13 +111,14 @@ def test_foreign_code_resumes_exactly_or_says_at_its_start_why_not(cell: str, tm
 def test_an_epoch_set_up_by_a_callback_that_keeps_no_state_is_named_at_a_resume_inside_it(tmp_path, monkeypatch):
     """Lightning does not run `on_train_epoch_start` again for an epoch resumed in its middle: a callback that sets
     the epoch up there and keeps nothing in the checkpoint (a curriculum) leaves the rest of the epoch unlike the run
-    never stopped, which is said in one line at the resume."""
+    never stopped, which is said in one line at the resume (and the attribute it sets, in one more)."""
     args = [*AUTOENCODER, *RUN, "--trainer.callbacks+=tests.foreign_code.InputShift"]
     full = fit(tmp_path / "full", monkeypatch, args)
     fit(tmp_path / "cut", monkeypatch, [*args, *sigterm_at(epoch=1, batch=2)])
     resumed = fit(tmp_path / "cut", monkeypatch, [*args, "--ckpt_path=last"])
-    assert not full and len(resumed) == 1, full + resumed
+    assert not full and len(resumed) == 2, full + resumed
     assert "Lightning does not run InputShift.on_train_epoch_start again for it" in resumed[0]
+    assert resumed[1].startswith("ExactResume: the module's input_shift changed during the run that wrote")
 
 
 @pytest.mark.slow

@@ -4,19 +4,26 @@ does not give it back: an epoch restored at its end with `max_steps`, the time
 
 from __future__ import annotations
 
+import contextlib
+import signal
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
+import pytest
 import torch
 from lightning import Callback, Trainer, seed_everything
 from lightning.pytorch.callbacks import ModelCheckpoint
-from lightning.pytorch.demos.boring_classes import BoringModel
+from lightning.pytorch.demos.boring_classes import BoringModel, RandomDataset
+from torch.utils.data import DataLoader
+from torchmetrics import MeanMetric
 
-from lightning_template.engine import ExactResume, ResumeCheckpoint
+from lightning_template.engine import ExactResume, ResumeCheckpoint, UnsavedState
 from lightning_template.engine.lightning_internals import finish_restarted_epoch, restart_time_budgets
+from lightning_template.engine.unsaved_state import unsaved_values
 
-from tests.helpers import same_state
+from tests.helpers import SignalAtBatch, same_state
 
 QUIET = dict(logger=False, enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0)
 
@@ -106,3 +113,100 @@ def test_a_run_stopped_by_max_time_goes_on_when_resumed(tmp_path: Path) -> None:
 def test_restart_time_budgets_gives_a_resumed_run_its_max_time_again(tmp_path: Path) -> None:
     stopped = fit_for_half_a_second(tmp_path, [RestartTimeBudgets()])
     assert fit_for_half_a_second(tmp_path, [RestartTimeBudgets()], resume=True) > stopped
+
+
+class Annealed(BoringModel):
+    """Anneals its loss by a plain counter and a buffer registered with `persistent=False`, both updated every step."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("decay", torch.ones(()), persistent=False)
+        self.seen = 0
+
+    def training_step(self, batch: Any, batch_idx: int) -> dict[str, Any]:
+        self.seen += 1
+        self.decay *= 0.9
+        return {"loss": super().training_step(batch, batch_idx)["loss"] * self.decay / self.seen}
+
+
+class AnnealedAndKept(Annealed):
+    """The same, keeping both in the checkpoint."""
+
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        checkpoint["annealing"] = {"seen": self.seen, "decay": self.decay.clone()}
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        self.seen, self.decay = checkpoint["annealing"]["seen"], checkpoint["annealing"]["decay"]
+
+
+def fit_annealed(folder: Path, make: type[Annealed], stop: bool = False) -> tuple[Trainer, list[str]]:
+    """2 epochs of 6 batches; `stop`: a SIGTERM after batch 2 of epoch 1, else resumed from last.ckpt if there is
+    one. The engine's warnings."""
+    stops = [SignalAtBatch(epoch=1, batch=2, signum=signal.SIGTERM)] if stop else []
+    callbacks = [ExactResume(), ResumeCheckpoint(dirpath=folder), UnsavedState(), *stops]
+    trainer = Trainer(max_epochs=2, limit_train_batches=6, limit_val_batches=2, callbacks=callbacks, **QUIET)
+    seed_everything(7)
+    last = folder / "last.ckpt"
+    with warnings.catch_warnings(record=True) as caught, contextlib.suppress(SystemExit):
+        warnings.simplefilter("always")
+        trainer.fit(make(), ckpt_path=last if last.exists() and not stop else None)
+    return trainer, [str(w.message) for w in caught if str(w.message).startswith("ExactResume")]
+
+
+@pytest.mark.parametrize("make", [Annealed, AnnealedAndKept], ids=["unsaved", "kept-by-the-module"])
+def test_state_no_checkpoint_holds_is_named_at_the_resume(make: type[Annealed], tmp_path: Path) -> None:
+    """A plain counter and a buffer registered with persistent=False, updated every step: the resumed run differed
+    without a word."""
+    full, _ = fit_annealed(tmp_path / "full", make)
+    fit_annealed(tmp_path / "cut", make, stop=True)
+    resumed, told = fit_annealed(tmp_path / "cut", make)
+    exact = same_state(full.lightning_module.state_dict(), resumed.lightning_module.state_dict())
+    if make is AnnealedAndKept:
+        assert exact and told == [], told
+        return
+    assert not exact and len(told) == 1, told
+    assert told[0].startswith("ExactResume: the module's decay, seen changed during the run that wrote the checkpoint")
+    assert "on_save_checkpoint/on_load_checkpoint, or register them as persistent buffers" in told[0]
+
+
+def test_unsaved_values_are_buffers_left_out_of_the_state_dict_and_plain_attributes() -> None:
+    module = Annealed()
+    module.metric = MeanMetric()  # its states are plain attributes too, which EpochMetrics keeps
+    module.register_buffer("kept", torch.zeros(()))
+    module._private = 1
+    lightnings = ["allow_zero_length_dataloader_with_multiple_devices", "prepare_data_per_node"]
+    assert sorted(unsaved_values(module)) == sorted(
+        [*lightnings, "decay", "layer.in_features", "layer.out_features", "seen"]
+    )
+
+
+class ShuffledBoring(BoringModel):
+    """BoringModel's data in a shuffled DataLoader: Lightning turns the shuffle off under --trainer.overfit_batches."""
+
+    def train_dataloader(self) -> DataLoader:
+        return DataLoader(RandomDataset(32, 64), batch_size=2, shuffle=True)
+
+
+def fit_overfit(folder: Path, stop: bool = False) -> Trainer:
+    """4 batches overfit for 3 epochs; `stop`: a SIGTERM after batch 1 of epoch 1, else resumed from last.ckpt."""
+    stops = [SignalAtBatch(epoch=1, batch=1, signum=signal.SIGTERM)] if stop else []
+    callbacks = [ExactResume(), ResumeCheckpoint(dirpath=folder), *stops]
+    trainer = Trainer(max_epochs=3, overfit_batches=4, limit_val_batches=2, callbacks=callbacks, **QUIET)
+    seed_everything(7)
+    last = folder / "last.ckpt"
+    with contextlib.suppress(SystemExit):
+        trainer.fit(ShuffledBoring(), ckpt_path=last if last.exists() and not stop else None)
+    return trainer
+
+
+def test_overfit_batches_resumed_inside_an_epoch_is_exact(tmp_path: Path) -> None:
+    """Lightning's sequential sampler took the engine's place and the resumed run trained the epoch's first batches
+    again, while the resume said it continued after them."""
+    full = fit_overfit(tmp_path / "full")
+    fit_overfit(tmp_path / "cut", stop=True)
+    assert (
+        torch.load(tmp_path / "cut/last.ckpt", weights_only=True)["global_step"] == 4 + 3
+    )  # the stop comes at the next step
+    resumed = fit_overfit(tmp_path / "cut")
+    assert resumed.global_step == full.global_step == 12
+    assert same_state(full.lightning_module.state_dict(), resumed.lightning_module.state_dict())

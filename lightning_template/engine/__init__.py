@@ -21,6 +21,7 @@ _WHERE = {
     "ProcessGroupTeardown": "process_group",
     "ResumeCheckpoint": "resume",
     "ThawedParameterSync": "process_group",
+    "UnsavedState": "unsaved_state",
 }
 __all__ = sorted(_WHERE)
 

@@ -78,6 +78,7 @@ from lightning_template.engine.tracking import (
     name_new_run,
     run_location,
 )
+from lightning_template.engine.unsaved_state import UnsavedState
 from lightning_template.script_args import nearest_options, option_values
 
 ROOT = Path(__file__).resolve().parents[2]  # the project: configs/ and the scripts
@@ -92,8 +93,9 @@ DATA_FACTS = ("num_classes", "input_shape", "vocab_size", "pad_id", "max_length"
 def installed_callbacks() -> list[Any]:
     """In every run, whatever the model and data: exact resume with its last.ckpt (and the epoch's training metrics
     in a checkpoint written inside an epoch), the tracker run in each checkpoint, a stop at NaN, a check that
-    monitored metrics are logged, DDP's processes kept the same (parameters unfrozen after DDP wrapped the model) and
-    their clean exit, learning rates in the logs, and the console's progress."""
+    monitored metrics are logged, the module's state no checkpoint holds named at a resume, DDP's processes kept the
+    same (parameters unfrozen after DDP wrapped the model) and their clean exit, learning rates in the logs, and the
+    console's progress."""
     return [
         CheckpointFacts(),  # first: a resume with another seed is refused before ExactResume says it continues
         ExactResume(),
@@ -101,6 +103,7 @@ def installed_callbacks() -> list[Any]:
         ThawedParameterSync(),
         ResumeCheckpoint(),
         EpochMetrics(),
+        UnsavedState(),
         FiniteLossGuard(),
         MonitoredMetrics(),
         LearningRateMonitor(logging_interval="step"),

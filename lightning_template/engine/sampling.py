@@ -127,6 +127,12 @@ class EpochSampler(DistributedSampler, ResumesFromLoop):
         return iter(indices)
 
 
+class OverfitSampler(EpochSampler, SequentialSampler):
+    """An `EpochSampler` in the dataset's order that Lightning takes for its own under `--trainer.overfit_batches`:
+    Lightning puts a plain SequentialSampler in place of any other there, which cannot skip the batches a run resumed
+    in the middle of an epoch already trained (it trained them again)."""
+
+
 class SeededBatches(Dataset):
     """A map-style dataset whose batches are fetched and collated with the random state of their first sample's seed.
 
@@ -247,9 +253,10 @@ def resumable_loader(loader: Any, trainer: Trainer) -> tuple[Any, str | None]:
         )
     if why := not_rebuildable(loader):
         return loader, why
-    sampler = EpochSampler(
+    overfit = trainer.overfit_batches > 0  # Lightning trains on the first batches, in the dataset's order
+    sampler = (OverfitSampler if overfit else EpochSampler)(
         loader.dataset, loader.batch_size, trainer, global_seed(), sample_seeds=True,  # type: ignore[arg-type]
-        shuffle=bool(shuffles(loader.sampler)),
+        shuffle=bool(shuffles(loader.sampler)) and not overfit,
     )  # fmt: skip
     workers = loader.num_workers
     rebuilt = DataLoader(
