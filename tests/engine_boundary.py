@@ -125,17 +125,11 @@ def chain_reads(tree: ast.Module, file: str, own: set[str]) -> Iterator[Read]:
         on_theirs = package.partition(".")[0] in THEIRS or (isinstance(root, ast.Call) and dotted(root.func) == "super")
         private, non_public = [], False
         for link in reversed(links):  # from the root outwards
-            base_is_self = isinstance(link.value, ast.Name) and link.value.id in ("self", "cls")
-            if (
-                is_private(link.attr)
-                and link.attr in theirs
-                and (link.attr not in own or on_theirs)
-                and not base_is_self
-            ):
+            on_self = isinstance(link.value, ast.Name) and link.value.id in ("self", "cls")
+            if is_private(link.attr) and link.attr in theirs and (link.attr not in own or on_theirs) and not on_self:
                 private.append(link.attr)
-            # An attribute *of* a loop, progress or connector, or one of them reached through another
-            # (`fit_loop.epoch_loop`, `fit_loop.epoch_progress`).
-            if link.attr.endswith(NON_PUBLIC_SUFFIXES) and (link is not node or not isinstance(link.value, ast.Name)):
+            # A loop, a loop's progress or a connector (`trainer.fit_loop`, `loop.epoch_progress`), or what is in it.
+            if link.attr.endswith(NON_PUBLIC_SUFFIXES) and not on_self:
                 non_public = True
         if private or non_public:
             owner = "torch" if package.partition(".")[0] == "torch" else "lightning"

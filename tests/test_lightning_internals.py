@@ -1,12 +1,14 @@
-"""Every Lightning private attribute the project touches exists in the installed Lightning."""
+"""The boundary with Lightning: every private or non-public attribute the engine touches exists in the installed
+Lightning, and is touched in engine/lightning_internals.py alone."""
 
 from __future__ import annotations
 
+import ast
 import functools
-from pathlib import Path
 
 import lightning
 import pytest
+import torch
 from lightning import LightningModule, Trainer
 from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint, WeightAveraging
 from lightning.pytorch.cli import LightningCLI
@@ -14,6 +16,8 @@ from lightning.pytorch.trainer import call
 from torchmetrics import MeanMetric
 
 from lightning_template.engine import lightning_internals
+
+from tests import engine_boundary
 
 
 def owner(name: str) -> object:
@@ -24,8 +28,11 @@ def owner(name: str) -> object:
         "LightningModule": LightningModule,
         "WeightAveraging": WeightAveraging,
         "LightningCLI": lambda: LightningCLI,
+        "cli": lambda: lightning.pytorch.cli,
         "call": lambda: call,
         "Metric": MeanMetric,
+        "torch": lambda: torch,
+        "batchnorm": lambda: torch.nn.modules.batchnorm,
     }[name]()
 
 
@@ -42,17 +49,51 @@ def test_every_private_lightning_attribute_still_exists(owner_name: str, path: s
         )
 
 
-def test_no_other_module_touches_lightning_internals() -> None:
-    """The adapter is the only place: other modules call its functions (overriding a protected method of a
-    Lightning class they subclass, with `super()`, is the one exception)."""
-    package = Path(lightning_internals.__file__).parent
-    names = {path.rpartition(".")[2] for _, path in lightning_internals.USED}
-    offenders = [
-        f"{file.relative_to(package.parent)}: .{name}"
-        for file in package.rglob("*.py")
-        if file.name != "lightning_internals.py"
-        for line in file.read_text().splitlines()
-        for name in names
-        if name.startswith("_") and f".{name}" in line and "super()." not in line
+def test_no_other_engine_module_reads_lightning_internals() -> None:
+    """The adapter is the only place: found by what the code reads (a private name of Lightning's, torchmetrics' or
+    torch's, a loop, its progress or a connector), not by a list of names already known."""
+    reads = engine_boundary.non_public_reads()
+    assert not reads, "\n".join(
+        f"{read.file}:{read.line}: {read.what}: move it into lightning_template/engine/lightning_internals.py (a"
+        " function named for what it does, its names in USED, a behaviour test)"
+        for read in reads
+    )
+
+
+def test_used_names_every_private_name_the_adapter_touches() -> None:
+    used = {part for _, path in lightning_internals.USED for part in path.split(".")}
+    touched = {name for read in engine_boundary.all_reads() for name in read.private}
+    assert touched <= used, f"add to lightning_internals.USED: {sorted(touched - used)}"
+
+
+def test_the_boundary_check_finds_what_it_looks_for() -> None:
+    """What the static check reads as non-public, and what it leaves (the engine's own private state, the standard
+    library's)."""
+    code = """
+import os
+import torch
+from lightning.pytorch.trainer import call
+from torch._utils import _flatten_dense_tensors
+from torch.nn.modules.batchnorm import _BatchNorm
+
+def f(trainer, self):
+    loop = trainer.fit_loop
+    trainer.fit_loop.epoch_loop._results
+    trainer._signal_connector.received_sigterm
+    torch._foreach_norm
+    call._call_callback_hooks = None
+    super()._save_checkpoint
+    self._restarting, self.anything, os._exit, trainer.strategy.barrier
+    """
+    reads = list(engine_boundary.chain_reads(ast.parse(code), "f.py", own={"_call_callback_hooks", "_save_checkpoint"}))
+    reads += engine_boundary.import_reads(ast.parse(code), "f.py")
+    assert sorted(read.what for read in reads) == [
+        "call._call_callback_hooks",
+        "from torch._utils import _flatten_dense_tensors",
+        "from torch.nn.modules.batchnorm import _BatchNorm",
+        "super()._save_checkpoint",
+        "torch._foreach_norm",
+        "trainer._signal_connector.received_sigterm",
+        "trainer.fit_loop",
+        "trainer.fit_loop.epoch_loop._results",
     ]
-    assert not offenders, offenders

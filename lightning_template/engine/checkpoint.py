@@ -31,7 +31,7 @@ from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from torch.nn.parameter import is_lazy
 
 from lightning_template.engine.errors import ConfigError, MissingFileError
-from lightning_template.engine.lightning_internals import subcommand_parser
+from lightning_template.engine.lightning_internals import restarted_mid_epoch, subcommand_parser
 from lightning_template.engine.sampling import global_seed
 from lightning_template.engine.tracking import (
     CHECKPOINT_KEY,
@@ -151,7 +151,7 @@ class CheckpointFacts(Callback):
         trained_with, self._trained_with = self._trained_with, None
         if trained_with is None or trained_with == global_seed():
             return
-        if trainer.fit_loop.restarted_mid_epoch:
+        if restarted_mid_epoch(trainer):
             raise ConfigError(
                 f"The checkpoint was written in the middle of epoch {trainer.current_epoch} of a run seeded"
                 f" {trained_with}, not {global_seed()}: the batches already trained cannot be skipped in another"

@@ -24,11 +24,11 @@ from torchmetrics import Metric
 from lightning_template.engine.lightning_internals import (
     add_epoch_sums,
     epoch_sums,
+    last_batch_trained,
     load_metric_state,
     metric_state,
     metrics_lightning_resets,
 )
-from lightning_template.engine.resume import epoch_ran_out
 from lightning_template.engine.sampling import fit_position, inside_an_epoch
 
 
@@ -75,7 +75,7 @@ class EpochMetrics(Callback):
         saved, self._saved, self._sums, self._restored = self._saved, {}, {}, {}
         if not saved or not self._resumed_where_saved(trainer, saved) or not (saved["metrics"] or saved["sums"]):
             return
-        if trainer.world_size > 1 or (inside_an_epoch(trainer) and epoch_ran_out(trainer)):
+        if trainer.world_size > 1 or (inside_an_epoch(trainer) and last_batch_trained(trainer)):
             why = (
                 "each process gathered its own, and the checkpoint holds one process's"
                 if trainer.world_size > 1

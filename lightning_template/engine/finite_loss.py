@@ -10,14 +10,13 @@ read then). Under DDP the ranks agree on the decision in one collective.
 
 from __future__ import annotations
 
-import functools
-import math
 from typing import Any
 
 import torch
 from lightning import Callback, LightningModule, Trainer
 
 from lightning_template.engine.errors import ProjectError
+from lightning_template.engine.lightning_internals import batch_index, flag_non_finite, largest_magnitudes
 
 ADVICE = (
     "Usual causes:\n"
@@ -63,16 +62,11 @@ def all_finite(tensors: list[torch.Tensor]) -> bool:
     for device in {device for device, _ in fused} | set(other):
         found[device] = torch.zeros(1, dtype=torch.float32, device=device)
     for (device, _), group in fused.items():
-        torch._amp_foreach_non_finite_check_and_unscale_(group, found[device], _unit_scale(device))
+        flag_non_finite(group, found[device])
     for device, group in other.items():
-        largest = torch._foreach_norm(group, ord=math.inf)  # the largest magnitude: no sum of squares to overflow
+        largest = largest_magnitudes(group)
         found[device] += torch.stack(largest).isfinite().all().logical_not()
     return not any(flag.item() for flag in found.values())
-
-
-@functools.cache
-def _unit_scale(device: torch.device) -> torch.Tensor:
-    return torch.ones(1, dtype=torch.float32, device=device)
 
 
 class FiniteLossGuard(Callback):
@@ -89,7 +83,7 @@ class FiniteLossGuard(Callback):
     def on_before_backward(self, trainer: Trainer, pl_module: LightningModule, loss: torch.Tensor) -> None:
         if _grad_scaler(trainer) is None:
             # Read with the gradients: one host sync per optimizer step.
-            self.losses.append((loss.detach(), trainer.fit_loop.epoch_loop.batch_idx))
+            self.losses.append((loss.detach(), batch_index(trainer)))
             return
         # Under fp16 loss scaling a non-finite loss is a step the scaler skips: counted per micro-batch. Under DDP
         # every rank stops together (a rank that stopped alone would leave the others waiting in the all-reduce).
@@ -121,7 +115,7 @@ class FiniteLossGuard(Callback):
 
     @staticmethod
     def _stop(trainer: Trainer, what: str, batch: int | None = None) -> None:
-        batch = trainer.fit_loop.epoch_loop.batch_idx if batch is None else batch
+        batch = batch_index(trainer) if batch is None else batch
         raise NonFiniteLossError(
             f"{what} in epoch {trainer.current_epoch}, batch_idx {batch} (optimizer step {trainer.global_step})."
             f" {ADVICE}"

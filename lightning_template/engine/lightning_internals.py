@@ -1,22 +1,28 @@
-"""Every private attribute of Lightning that the project touches, in one place.
+"""Every private or non-public attribute of Lightning (and torch) that the project touches, in one place.
 
 Lightning's public API has no hook for these; each function says what it is for. They are why `lightning<2.7`
-is pinned: `tests/test_lightning_internals.py` checks each name of `USED` on a real Trainer and fails naming the
-one a new Lightning release moved, so an upgrade is a matter of editing this file.
+is pinned: `tests/test_lightning_internals.py` checks each name of `USED` on a real Trainer, checks each function's
+behaviour on a tiny real run, and finds any such read elsewhere in the engine, so an upgrade is a matter of editing
+this file. The loops (`trainer.fit_loop` and what it holds: its epoch loop, their progress counters and restart
+stages) count as non-public: Lightning documents them as an advanced, changing API.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
+import math
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, NamedTuple
 
+import torch
 from lightning import Callback, LightningDataModule, Trainer
 from lightning.pytorch.callbacks import Checkpoint, EarlyStopping, ModelCheckpoint, Timer
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, _InstantiatorFn
 from lightning.pytorch.plugins.environments import SLURMEnvironment
 from lightning.pytorch.profilers import PassThroughProfiler
 from lightning.pytorch.trainer import call
+from torch.nn.modules.batchnorm import _BatchNorm
 
 # (owner, dotted attribute): what the functions below read or call.
 USED = (
@@ -56,10 +62,113 @@ USED = (
     ("LightningModule", "_current_fx_name"),
     ("LightningCLI", "_parse_ckpt_path"),
     ("LightningCLI", "_parser"),
+    ("cli", "_InstantiatorFn"),
     ("call", "_call_callback_hooks"),
     ("Metric", "_update_count"),  # torchmetrics' own, through Lightning
     ("Metric", "_computed"),
+    # Without an underscore, not public either: the loops' restart stages and progress counters.
+    ("trainer", "fit_loop.restarted_mid_epoch"),
+    ("trainer", "fit_loop.restarted_on_epoch_end"),
+    ("trainer", "fit_loop.is_resuming"),
+    ("trainer", "fit_loop.epoch_progress.current.processed"),
+    ("trainer", "fit_loop.epoch_loop.restarting"),
+    ("trainer", "fit_loop.epoch_loop.batch_idx"),
+    ("trainer", "fit_loop.epoch_loop.batch_progress.current.processed"),
+    ("trainer", "fit_loop.epoch_loop.batch_progress.is_last_batch"),
+    ("trainer", "fit_loop.epoch_loop.scheduler_progress.increment_ready"),
+    ("trainer", "fit_loop.epoch_loop.restarted_on_train_batch_end"),
+    ("trainer", "fit_loop.epoch_loop.val_loop.batch_progress.is_last_batch"),
+    ("trainer", "fit_loop.epoch_loop.val_loop.restarting"),
+    ("trainer", "precision_plugin.convert_input"),
+    # torch's
+    ("torch", "_foreach_norm"),
+    ("torch", "_amp_foreach_non_finite_check_and_unscale_"),
+    ("batchnorm", "_BatchNorm"),
 )
+
+
+# -- where the fit loop is ------------------------------------------------------------------------------------------
+
+
+class EpochCounts(NamedTuple):
+    """The fit loop's count of the epochs whose start hooks ran (`started`), whose batches ran (`processed`) and whose
+    end ran (`completed`: `trainer.current_epoch`)."""
+
+    started: int
+    processed: int
+    completed: int
+
+
+def epoch_counts(trainer: Trainer) -> EpochCounts:
+    epochs = trainer.fit_loop.epoch_progress.current
+    return EpochCounts(epochs.started, epochs.processed, epochs.completed)
+
+
+def batches_done(trainer: Trainer) -> int:
+    """The batches of the current epoch that have ended (`on_train_batch_end` run), restored when resuming."""
+    return trainer.fit_loop.epoch_loop.batch_progress.current.processed
+
+
+def batch_index(trainer: Trainer) -> int:
+    """The `batch_idx` of the training batch that runs now."""
+    return trainer.fit_loop.epoch_loop.batch_idx
+
+
+def batch_in_progress(trainer: Trainer) -> bool:
+    """A training batch has started and not ended (between its forward pass and `on_train_batch_end`)."""
+    batches = trainer.fit_loop.epoch_loop.batch_progress.current
+    # A batch whose `on_train_batch_start` returned -1 (the epoch ends there) is counted processed, never started.
+    return batches.started > batches.processed
+
+
+def last_batch_trained(trainer: Trainer) -> bool:
+    """The batch just trained is the epoch's last (Lightning then validates and ends the epoch)."""
+    batches = trainer.fit_loop.epoch_loop.batch_progress
+    return batches.is_last_batch or batches.current.ready == trainer.num_training_batches
+
+
+def restarted_mid_epoch(trainer: Trainer) -> bool:
+    """The run restarted from a checkpoint written inside an epoch (at a batch's or a validation's end)."""
+    return trainer.fit_loop.restarted_mid_epoch
+
+
+def keeps_first_train_iterator(trainer: Trainer) -> bool:
+    """Whether Lightning keeps, for this epoch, the training iterator it made before the epoch started (as it does for
+    the first epoch of a resumed run)."""
+    return trainer.fit_loop.is_resuming or trainer.fit_loop.epoch_loop.restarting
+
+
+def step_plateau_scheduler(trainer: Trainer, scheduler: Any, value: Any) -> None:
+    """Step a ReduceLROnPlateau as Lightning does at an epoch's end, counted in the loop's scheduler progress."""
+    progress = trainer.fit_loop.epoch_loop.scheduler_progress
+    progress.increment_ready()
+    trainer.lightning_module.lr_scheduler_step(scheduler, value)
+    progress.increment_completed()
+
+
+# -- torch's --------------------------------------------------------------------------------------------------------
+
+
+def is_batch_norm(layer: torch.nn.Module) -> bool:
+    """Any BatchNorm layer (1d, 2d, 3d, lazy, synchronized): what they share is private to torch."""
+    return isinstance(layer, _BatchNorm)
+
+
+@functools.cache
+def _unit_scale(device: torch.device) -> torch.Tensor:
+    return torch.ones(1, dtype=torch.float32, device=device)
+
+
+def flag_non_finite(tensors: list[torch.Tensor], found: torch.Tensor) -> None:
+    """Set `found` (one float32 on the tensors' device) to 1 if any element of `tensors` (float16 or float32, one
+    device and dtype) is NaN or infinite: GradScaler's fused check, with a scale of 1 (each value is written back as
+    it was)."""
+    torch._amp_foreach_non_finite_check_and_unscale_(tensors, found, _unit_scale(found.device))
+
+
+def largest_magnitudes(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+    """The largest magnitude of each tensor (no sum of squares to overflow), in one fused call."""
+    return list(torch._foreach_norm(tensors, ord=math.inf))
 
 
 def epoch_sums(trainer: Trainer) -> dict[str, dict[str, Any]]:
@@ -331,6 +440,17 @@ def wrap_train_loader(trainer: Trainer, wrap: Callable[[Any], Any]) -> None:
     original = source.__dict__.get("unwrapped_dataloader", source.dataloader)  # once, however many fits
     source.unwrapped_dataloader = original
     source.dataloader = lambda: wrap(original())
+
+
+class CheckpointWrites(ModelCheckpoint):
+    """ModelCheckpoint's private write of one file, under a public name that a subclass overrides (calling
+    `super().write_checkpoint` to write): `write_checkpoint`, where ModelCheckpoint writes any file it saves."""
+
+    def _save_checkpoint(self, trainer: Trainer, filepath: str) -> None:
+        self.write_checkpoint(trainer, filepath)
+
+    def write_checkpoint(self, trainer: Trainer, filepath: str) -> None:
+        super()._save_checkpoint(trainer, filepath)
 
 
 class CLIHooks(LightningCLI):

@@ -10,7 +10,6 @@ from typing import NoReturn
 import torch
 import torch.distributed as dist
 from lightning import Callback, LightningModule, Trainer
-from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 from torch.nn.parallel import DistributedDataParallel
 
 from lightning_template.engine.lightning_internals import closes_accumulation_window
@@ -48,9 +47,10 @@ class ThawedParameterSync(Callback):
             return
         grads = [torch.zeros_like(p) if p.grad is None else p.grad for p in thawed]
         used = torch.tensor([p.grad is not None for p in thawed], dtype=grads[0].dtype, device=grads[0].device)
-        summed = _flatten_dense_tensors([*grads, used])
+        summed = torch.cat([t.reshape(-1) for t in [*grads, used]])  # one collective for all of them
         dist.all_reduce(summed)
-        *averaged, used = _unflatten_dense_tensors(summed / trainer.world_size, [*grads, used])
+        pieces = (summed / trainer.world_size).split([t.numel() for t in [*grads, used]])
+        *averaged, used = [piece.view_as(t) for piece, t in zip(pieces, [*grads, used], strict=True)]
         for parameter, grad, anywhere in zip(thawed, averaged, used.tolist(), strict=True):
             if anywhere:
                 parameter.grad = grad

@@ -32,7 +32,6 @@ import torch
 from lightning import Callback, LightningModule, Trainer
 from lightning.pytorch.callbacks import (
     GradientAccumulationScheduler,
-    ModelCheckpoint,
     ModelPruning,
     StochasticWeightAveraging,
     WeightAveraging,
@@ -44,14 +43,20 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 from lightning.pytorch.utilities.model_helpers import is_overridden
 from lightning.pytorch.utilities.warnings import PossibleUserWarning
 from torch.nn import SyncBatchNorm
-from torch.nn.modules.batchnorm import _BatchNorm
 
 from lightning_template.engine.errors import ConfigError
 from lightning_template.engine.lightning_internals import (
+    CheckpointWrites,
+    batch_in_progress,
+    batches_done,
     call_before_batch_hooks,
     closes_accumulation_window,
     cluster_environment,
+    epoch_counts,
     finish_restarted_epoch,
+    is_batch_norm,
+    keeps_first_train_iterator,
+    last_batch_trained,
     let_lightning_step_plateau_schedulers,
     load_train_loader_states,
     mark_saved_at,
@@ -59,11 +64,13 @@ from lightning_template.engine.lightning_internals import (
     requeue_slurm_job,
     restart_time_budgets,
     restart_train_iterator,
+    restarted_mid_epoch,
     restored_after_last_batch,
     save_now,
     skips_due_validation,
     skips_due_validation_at_its_end,
     start_next_epoch,
+    step_plateau_scheduler,
     stop_after_this_step,
     validation_due,
     wrap_train_loader,
@@ -99,9 +106,7 @@ def frozen_parts(module: LightningModule) -> dict[str, list[str]]:
     return {
         "frozen": [name for name, parameter in module.named_parameters() if not parameter.requires_grad],
         "fixed_statistics": [
-            name
-            for name, layer in module.named_modules()
-            if isinstance(layer, _BatchNorm) and not layer.track_running_stats
+            name for name, layer in module.named_modules() if is_batch_norm(layer) and not layer.track_running_stats
         ],
     }
 
@@ -169,20 +174,12 @@ def few(names: list[str]) -> str:
 
 def at_step_boundary(trainer: Trainer) -> bool:
     """No step is half done: no batch between forward and end, no accumulated gradient pending."""
-    progress = trainer.fit_loop.epoch_loop.batch_progress.current
-    # A batch whose `on_train_batch_start` returned -1 (the epoch ends there) is counted processed, never started.
-    return progress.started <= progress.processed and closes_accumulation_window(trainer)
-
-
-def epoch_ran_out(trainer: Trainer) -> bool:
-    """The batch just trained is the epoch's last (Lightning then validates and ends the epoch)."""
-    batches = trainer.fit_loop.epoch_loop.batch_progress
-    return batches.is_last_batch or batches.current.ready == trainer.num_training_batches
+    return not batch_in_progress(trainer) and closes_accumulation_window(trainer)
 
 
 def epoch_ends_here(trainer: Trainer) -> bool:
     """The batch just trained is the epoch's last, or the run's (`max_steps`): Lightning ends the epoch next."""
-    return epoch_ran_out(trainer) or 0 <= trainer.max_steps <= trainer.global_step
+    return last_batch_trained(trainer) or 0 <= trainer.max_steps <= trainer.global_step
 
 
 def plateau_schedulers(trainer: Trainer) -> list[Any]:
@@ -198,10 +195,10 @@ def pending_plateau_epoch(trainer: Trainer) -> int | None:
     Lightning takes it after the epoch-end callbacks (the epoch-end checkpoint is written before it); inside an
     epoch it is still to come. None when there is none to take: between epochs, or at the end of an epoch that
     stopped before its last batch (`max_steps`), where Lightning takes none."""
-    epochs = trainer.fit_loop.epoch_progress.current
+    epochs = epoch_counts(trainer)
     if inside_an_epoch(trainer):
         return epochs.processed
-    if epochs.completed < epochs.processed and epoch_ran_out(trainer):  # its end, before the step
+    if epochs.completed < epochs.processed and last_batch_trained(trainer):  # its end, before the step
         return epochs.completed
     return None
 
@@ -220,9 +217,7 @@ def step_plateau_schedulers(trainer: Trainer, epoch: int) -> None:
                     f" was written; the metrics it had: {sorted(trainer.callback_metrics)}."
                 )
             continue
-        trainer.fit_loop.epoch_loop.scheduler_progress.increment_ready()
-        trainer.lightning_module.lr_scheduler_step(config.scheduler, value)
-        trainer.fit_loop.epoch_loop.scheduler_progress.increment_completed()
+        step_plateau_scheduler(trainer, config.scheduler, value)
 
 
 def warn_skipped_validation(epoch: int, done: int) -> None:
@@ -237,8 +232,8 @@ def warn_skipped_validation(epoch: int, done: int) -> None:
 def starts_no_epoch(trainer: Trainer) -> bool:
     """Resumed after the last batch of the run's last epoch (`max_epochs`), or at its end: the run starts no epoch, and
     continues none from its middle."""
-    epochs = trainer.fit_loop.epoch_progress.current
-    batches_left = inside_an_epoch(trainer) and not epoch_ran_out(trainer)
+    epochs = epoch_counts(trainer)
+    batches_left = inside_an_epoch(trainer) and not last_batch_trained(trainer)
     return not batches_left and 0 < (trainer.max_epochs or 0) <= max(epochs.started, epochs.processed)
 
 
@@ -246,7 +241,7 @@ def warn_if_swa_has_ended(trainer: Trainer, at_its_end: bool) -> None:
     """Lightning's StochasticWeightAveraging sets up its schedule in the epochs it runs, and puts its average into the
     model at the end of training: a run resumed after its last averaging epoch, or at its end (reached, or decided
     by early stopping) once averaging had begun, does neither."""
-    started = trainer.fit_loop.epoch_progress.current.started  # epochs whose on_train_epoch_start ran
+    started = epoch_counts(trainer).started  # epochs whose on_train_epoch_start ran
     swa = [c for c in trainer.callbacks if isinstance(c, StochasticWeightAveraging)]
     if any(trainer.current_epoch > c.swa_end or (at_its_end and started > c.swa_start) for c in swa):
         rank_zero_warn(
@@ -257,7 +252,7 @@ def warn_if_swa_has_ended(trainer: Trainer, at_its_end: bool) -> None:
         )
 
 
-class ResumeCheckpoint(ModelCheckpoint):
+class ResumeCheckpoint(CheckpointWrites):
     """`last.ckpt`, rewritten at every epoch end (or validation) and on a graceful stop, never half a step.
 
     Installed in every run by train.py; `--ckpt_path last` resumes from it."""
@@ -283,7 +278,7 @@ class ResumeCheckpoint(ModelCheckpoint):
         # check_val_every_n_epoch > 1): the batches after the epoch's last validation would be missing.
         save_now(self, trainer)
 
-    def _save_checkpoint(self, trainer: Trainer, filepath: str) -> None:
+    def write_checkpoint(self, trainer: Trainer, filepath: str) -> None:
         if trainer.state.fn == TrainerFn.FITTING and not at_step_boundary(trainer):
             rank_zero_warn(
                 f"{filepath}: not written in the middle of an optimizer step (between micro-batches of an"
@@ -293,7 +288,7 @@ class ResumeCheckpoint(ModelCheckpoint):
         if not all(torch.isfinite(p).all() for p in trainer.lightning_module.parameters()):
             rank_zero_warn(f"{filepath}: not written, the weights are not finite; the previous checkpoint stays.")
             return
-        super()._save_checkpoint(trainer, filepath)
+        super().write_checkpoint(trainer, filepath)
 
     def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
         # Nothing trained, or a setting refused (the run is started again with the fix): nothing to resume.
@@ -388,7 +383,7 @@ class ExactResume(Callback):
         self._gradients_pending = False
         finish_restarted_epoch(trainer)  # before what follows reads the restored loop
         # Said at a run's start, and at a resume after an epoch's last batch (the next epoch starts from its start).
-        between_epochs = not trainer.fit_loop.restarted_mid_epoch or restored_after_last_batch(trainer)
+        between_epochs = not restarted_mid_epoch(trainer) or restored_after_last_batch(trainer)
         if self._inexact and between_epochs:
             rank_zero_warn(
                 f"ExactResume: {self._inexact}, which cannot continue from the middle of an epoch: a run stopped there"
@@ -416,7 +411,7 @@ class ExactResume(Callback):
         stops_here = bool(self._saved.get("should_stop") and early_stopping_decided(trainer))
         if stops_here:
             self._stop_as_decided(trainer)
-        self._iterate_anew = not trainer.fit_loop.restarted_mid_epoch
+        self._iterate_anew = not restarted_mid_epoch(trainer)
         self._restore_metrics(trainer)
         self._restore_plateau_step(trainer)
         self._restore_frozen_parts(trainer)
@@ -438,7 +433,7 @@ class ExactResume(Callback):
             # steps for the schedule): its workers have already prefetched epoch 0's first indices (Lightning
             # #21938), a StatefulDataLoader started from its beginning. Start it again, from the restored position.
             restart_train_iterator(trainer)
-        if not trainer.fit_loop.restarted_mid_epoch:
+        if not restarted_mid_epoch(trainer):
             return
         if restored_after_last_batch(trainer):
             self._start_after_last_batch(trainer)
@@ -449,7 +444,7 @@ class ExactResume(Callback):
         self._warnings = warnings.catch_warnings()
         self._warnings.__enter__()
         warnings.filterwarnings("ignore", "You're resuming from a checkpoint that ended before", PossibleUserWarning)
-        done = trainer.fit_loop.epoch_loop.batch_progress.current.processed
+        done = batches_done(trainer)
         self._seed_batch(trainer, done)
         if hooks := stateless_epoch_setups(trainer, pl_module):
             rank_zero_warn(
@@ -472,7 +467,7 @@ class ExactResume(Callback):
         accumulation = scheduled[0].get_accumulate_grad_batches(trainer.current_epoch) if scheduled else None
         accumulation = accumulation or trainer.accumulate_grad_batches
         within = done % accumulation
-        if within and not epoch_ran_out(trainer):
+        if within and not last_batch_trained(trainer):
             rank_zero_warn(
                 f"ExactResume: resuming epoch {trainer.current_epoch} after {done} batches, inside an accumulated step"
                 f" of {accumulation}: the checkpoint holds no gradient of its first {within}"
@@ -494,7 +489,7 @@ class ExactResume(Callback):
             " once (unless --trainer.min_epochs or min_steps ask for more). To train it further, start a new run from"
             " its weights."
         )
-        if not trainer.fit_loop.restarted_mid_epoch:
+        if not restarted_mid_epoch(trainer):
             rank_zero_info(message)
             return
         # What the run never stopped did at that epoch's end is not run.
@@ -504,7 +499,7 @@ class ExactResume(Callback):
     def _start_after_last_batch(self, trainer: Trainer) -> None:
         """Restarted from a checkpoint written after an epoch's last batch, before that epoch's end: Lightning counts
         the epoch as done, and the next one starts here as in the run never stopped, seeded and in its order."""
-        epoch, done = trainer.current_epoch - 1, trainer.fit_loop.epoch_loop.batch_progress.current.processed
+        epoch, done = trainer.current_epoch - 1, batches_done(trainer)
         skipped = skips_due_validation(trainer)
         start_next_epoch(trainer)
         self._iterate_anew = True  # seeded, and its loader's iterator made, at its start (as between epochs)
@@ -549,7 +544,7 @@ class ExactResume(Callback):
         for name in refrozen:
             parameters[name].requires_grad_(True)
         for name, layer in module.named_modules():
-            if isinstance(layer, _BatchNorm) and name not in fixed:
+            if is_batch_norm(layer) and name not in fixed:
                 layer.track_running_stats = True
         if refrozen:
             rank_zero_info(
@@ -610,7 +605,7 @@ class ExactResume(Callback):
             # Lightning made the iterator before the run was seeded for this epoch, and keeps it for the first epoch of
             # a resumed run: a sampler that draws its order from torch's generator (a batch sampler's RandomSampler)
             # would take another order than the run never stopped. Made again, after the epoch's seeding.
-            lightning_keeps_it = trainer.fit_loop.is_resuming or trainer.fit_loop.epoch_loop.restarting
+            lightning_keeps_it = keeps_first_train_iterator(trainer)
             if lightning_keeps_it:
                 restart_train_iterator(trainer)
 
@@ -620,7 +615,7 @@ class ExactResume(Callback):
         trainer = self._trainer
         if trainer is not None and trainer.training:
             self._seeded_at_hand_over = True
-            self._seed_batch(trainer, trainer.fit_loop.epoch_loop.batch_progress.current.processed)
+            self._seed_batch(trainer, batches_done(trainer))
 
     def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, *args: Any) -> None:
         for callback in self._epoch_setups:  # after every callback's on_train_start (the scheduler's own checks)
@@ -629,7 +624,7 @@ class ExactResume(Callback):
 
     def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, *args: Any) -> None:
         if not self._seeded_at_hand_over:  # a training_step that takes a `dataloader_iter`: no batch hooks run
-            self._seed_batch(trainer, trainer.fit_loop.epoch_loop.batch_progress.current.processed)
+            self._seed_batch(trainer, batches_done(trainer))
         # A stop waits for the validation due after this batch (Lightning would cut it short, and the resumed run
         # would go on without it) and, after an epoch's last batch or the run's last step, for the epoch's end: its
         # validation and epoch-end checkpoint would otherwise be skipped by the resumed run.
@@ -638,7 +633,7 @@ class ExactResume(Callback):
 
     def on_validation_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         if trainer.state.fn == TrainerFn.FITTING and not trainer.sanity_checking:  # validation inside an epoch
-            self._seed_batch(trainer, trainer.fit_loop.epoch_loop.batch_progress.current.processed)
+            self._seed_batch(trainer, batches_done(trainer))
             if closes_accumulation_window(trainer) and not epoch_ends_here(trainer):
                 self._stop_if_requested(trainer, at="validation")
 
@@ -725,7 +720,7 @@ class ExactResume(Callback):
         warn_if_swa_has_ended(trainer, at_its_end=True)
         self._restore_metrics(trainer)  # for the run's final metrics
         if skips_due_validation_at_its_end(trainer):
-            warn_skipped_validation(trainer.current_epoch, trainer.fit_loop.epoch_loop.batch_progress.current.processed)
+            warn_skipped_validation(trainer.current_epoch, batches_done(trainer))
 
     def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
         if self._requeue_at_exit and isinstance(exception, SIGTERMException):

@@ -28,7 +28,7 @@ from torch.utils.data import (
 )
 
 from lightning_template.engine.errors import ConfigError
-from lightning_template.engine.lightning_internals import replaces_samplers
+from lightning_template.engine.lightning_internals import batches_done, epoch_counts, replaces_samplers
 
 SAMPLERS = ("sampler", "batch_sampler")  # a DataLoader's attributes that order its batches
 
@@ -74,7 +74,7 @@ class ResumesFromLoop:
 def inside_an_epoch(trainer: Trainer) -> bool:
     """Whether the fit loop has started an epoch it has not processed (else its batch counts are the finished
     epoch's)."""
-    epochs = trainer.fit_loop.epoch_progress.current
+    epochs = epoch_counts(trainer)
     return epochs.started > epochs.processed
 
 
@@ -83,10 +83,10 @@ def fit_position(trainer: Trainer | None) -> tuple[int, int] | None:
     when resuming; None outside `fit`."""
     if trainer is None or trainer.state.fn != TrainerFn.FITTING:
         return None
-    epochs, batches = trainer.fit_loop.epoch_progress.current, trainer.fit_loop.epoch_loop.batch_progress.current
+    epochs = epoch_counts(trainer)
     # The epoch is the one the trainer counts (`current_epoch`, epochs completed): a run restarted with `max_steps`
     # from a checkpoint at an epoch's last batch has that epoch processed twice by Lightning's counters.
-    return epochs.completed, batches.processed if inside_an_epoch(trainer) else 0
+    return epochs.completed, batches_done(trainer) if inside_an_epoch(trainer) else 0
 
 
 class EpochSampler(DistributedSampler, ResumesFromLoop):
