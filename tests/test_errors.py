@@ -15,7 +15,8 @@ from PIL import Image
 
 from lightning_template.engine import ExactResume, FiniteLossGuard, NonFiniteLossError, ResumeCheckpoint
 from lightning_template.engine.cli import ProjectCLI
-from lightning_template.engine.finite_loss import _unit_scale, all_finite
+from lightning_template.engine.finite_loss import all_finite
+from lightning_template.engine.lightning_internals import _unit_scale
 from lightning_template.tasks.classification import FashionMNISTDataModule, ResNetClassifier, SimpleCNN
 from lightning_template.tasks.classification.data.idx import ALL_FILES
 from lightning_template.tasks.classification.data.image_folder import CorruptImageError, load_rgb
