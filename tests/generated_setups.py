@@ -3,7 +3,8 @@ the knobs with Hypothesis and checks that a run stopped anywhere and resumed end
 
 Nothing of the project is imported: a module, a datamodule and callbacks written as Lightning's and PyTorch's docs
 write them (schedulers of every kind and interval, a scheduler stepped by hand, manual optimization with one or two
-optimizers, a buffer updated every step, an entry of its own in the checkpoint, samplers, batch samplers, an
+optimizers, a buffer updated every step, an entry of its own in the checkpoint, state no checkpoint holds, epochs
+ended early, samplers, batch samplers, an
 IterableDataset, torchdata's StatefulDataLoader, random flips in `__getitem__`, random masks in `collate_fn`). The
 data are real: Fashion-MNIST images pooled to 7x7, 10 classes.
 """
@@ -77,6 +78,8 @@ class GeneratedModule(LightningModule):
         scheduled_accumulation: bool = False,
         epoch_metrics: bool = False,
         lr: float = 0.05,
+        unsaved_state: bool = False,
+        end_epochs_at: int | None = None,
     ) -> None:
         """
         Args:
@@ -99,6 +102,10 @@ class GeneratedModule(LightningModule):
             epoch_metrics: the epoch's mean loss logged by Lightning (`on_epoch=True`) and by a torchmetrics metric,
                 and the sum of every loss so far, a torchmetrics metric gathered across epochs (never reset).
             lr: the learning rate.
+            unsaved_state: the loss annealed by state no checkpoint holds: a buffer registered with `persistent=False`
+                and a plain counter (`self.steps_taken += 1`), both updated every step.
+            end_epochs_at: each epoch ends before its batch of this index (`on_train_batch_start` returns -1, as
+                Lightning's docs end an epoch early), or None.
         """
         super().__init__()
         self.save_hyperparameters()
@@ -109,6 +116,9 @@ class GeneratedModule(LightningModule):
         if step_buffer:
             self.register_buffer("loss_average", torch.zeros(()))
         self.samples_seen = 0
+        if unsaved_state:
+            self.register_buffer("decay", torch.ones(()), persistent=False)
+            self.steps_taken = 0
         if epoch_metrics:
             self.train_mean, self.loss_total = MeanMetric(), SumMetric()
 
@@ -117,7 +127,7 @@ class GeneratedModule(LightningModule):
 
     def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor | None:
         features, target = joined(batch)
-        loss = F.cross_entropy(self(features), target)
+        loss = F.cross_entropy(self(features), target) * self._annealing()
         self.log("train_loss", loss, on_epoch=self.hparams.epoch_metrics)
         if self.hparams.epoch_metrics:
             self.train_mean.update(loss)
@@ -132,13 +142,25 @@ class GeneratedModule(LightningModule):
         optimizers = optimizers if isinstance(optimizers, list) else [optimizers]
         for optimizer in optimizers:  # manual-two: the body's step, then the head's, each on its own loss
             self.toggle_optimizer(optimizer)
-            step_loss = F.cross_entropy(self(features), target)
+            step_loss = F.cross_entropy(self(features), target) * self._annealing()
             optimizer.zero_grad()
             self.manual_backward(step_loss)
             optimizer.step()
             self.untoggle_optimizer(optimizer)
         self._step_schedulers_by_hand()
         return None
+
+    def _annealing(self) -> torch.Tensor | float:
+        """The loss's weight by `unsaved_state` (1 without), moved on at each call."""
+        if not self.hparams.unsaved_state:
+            return 1.0
+        weight = self.decay * (1 + 1 / (1 + self.steps_taken))
+        self.decay.mul_(0.98)
+        self.steps_taken += 1
+        return weight
+
+    def on_train_batch_start(self, batch: Any, batch_idx: int) -> int | None:
+        return -1 if batch_idx == self.hparams.end_epochs_at else None
 
     def _step_schedulers_by_hand(self) -> None:
         """Manual optimization steps its schedulers itself: every `frequency` batches or epochs (at an epoch's last

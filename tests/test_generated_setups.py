@@ -54,12 +54,14 @@ QUIET = [
 # skipped into (it starts the epoch's data again), its checkpoint was written inside an accumulated step, or before
 # the validation due after its batch, or a loader the engine keeps has persistent workers (their random streams), or
 # DDP processes in manual optimization keep buffers of their own, or an epoch's training metrics cannot be the run's
-# (each DDP process gathered its own, written after the epoch's last batch, a value not logged again).
+# (each DDP process gathered its own, written after the epoch's last batch, a value not logged again), or the module
+# keeps state no checkpoint holds (said after the resumed run's first batch).
 SAID_WHY = (
     "starts the epoch's data again", "inside an accumulated step", "before the validation due",
     "keeps its worker processes from epoch to epoch", "without that epoch's end",
     "Lightning's StochasticWeightAveraging, resumed after its last averaging epoch or at the run's end",
     "each process keeps its own buffers", "are not the run's after this resume", "are not logged for it",
+    "changed during the run that wrote the checkpoint and no checkpoint holds them",
 )  # fmt: skip
 
 
@@ -222,6 +224,18 @@ def setups(draw: st.DrawFn) -> Setup:
         trainer["check_val_every_n_epoch"] = "null"
     if early_stopping and draw(st.booleans()):
         trainer["min_epochs"] = 2
+    # Drawn last, as those above: state no checkpoint holds steering the loss, epochs ended early by the module,
+    # Lightning's overfit_batches (the first 3 batches, in the dataset's order; a map-style dataset's), a max_time the
+    # run never reaches (Lightning's Timer, whose state the checkpoint holds).
+    if draw(st.booleans()):
+        model["unsaved_state"] = True
+    if draw(st.booleans()):
+        model["end_epochs_at"] = draw(st.integers(2, 4))
+    if loader == "map" and draw(st.booleans()):
+        trainer.pop("limit_train_batches", None)
+        trainer["overfit_batches"] = 3
+    if draw(st.booleans()):
+        trainer["max_time"] = "00:01:00:00"
     return Setup(
         model, data, trainer, step_checkpoints, early_stopping, scheduled, finetuning, epoch_checkpoints, averaging
     )
@@ -544,6 +558,18 @@ LAST_STEP_VALIDATED = Setup(  # max_steps reached at a validation inside an epoc
     data={"loader": "map", "batch_size": 16, "train_size": 100},
     trainer={"max_steps": 7, "limit_train_batches": 0.75, "val_check_interval": 0.5, "check_val_every_n_epoch": 2},
 )
+OVERFIT = Setup(  # Lightning's overfit_batches: its own sequential sampler took the engine's place
+    data={"loader": "map", "batch_size": 12, "train_size": 100}, trainer={"max_epochs": 3, "overfit_batches": 3}
+)
+UNSAVED_STATE = Setup(  # a loss annealed by a buffer registered with persistent=False and a plain counter
+    model={"unsaved_state": True}, data={"loader": "map", "batch_size": 16}, trainer={"max_epochs": 2}
+)
+EPOCHS_ENDED_EARLY = Setup(  # on_train_batch_start returns -1 at each epoch's fourth batch
+    model={"end_epochs_at": 3}, data={"loader": "map", "batch_size": 12, "train_size": 100}, trainer={"max_steps": 8}
+)
+OUT_OF_TIME = Setup(  # Lightning's Timer, its state in every checkpoint
+    data={"loader": "map", "batch_size": 16}, trainer={"max_epochs": 2, "max_time": "00:01:00:00"}
+)
 INSIDE_A_STEP = Setup(  # the best-epoch checkpoint of a validation every 3 batches, accumulating 2
     data={"loader": "map", "batch_size": 12},
     trainer={"accumulate_grad_batches": 2, "val_check_interval": 3, "max_steps": 7},
@@ -653,6 +679,11 @@ FOUND = [  # each ended otherwise on an earlier version
     ),
     pytest.param(MIN_EPOCHS, Stop("sigterm", 9), "exact", id="min-epochs-after-early-stopping-at-an-epochs-end"),
     pytest.param(LAST_STEP_VALIDATED, Stop("validation", 0), "exact", id="sigterm-in-the-validation-at-max-steps"),
+    pytest.param(OVERFIT, Stop("sigterm", 4), "exact", id="overfit-batches-sigterm-inside-an-epoch"),
+    pytest.param(UNSAVED_STATE, Stop("sigterm", 9), "warned", id="state-no-checkpoint-holds-said-at-the-resume"),
+    pytest.param(EPOCHS_ENDED_EARLY, Stop("sigterm", 4), "exact", id="epochs-ended-early-sigterm-in-the-second"),
+    pytest.param(EPOCHS_ENDED_EARLY, Stop("kill", 0), "exact", id="epochs-ended-early-kill-after-the-first"),
+    pytest.param(OUT_OF_TIME, Stop("sigterm", 9), "exact", id="max-time-sigterm-inside-an-epoch"),
 ]
 
 
