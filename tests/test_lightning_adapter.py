@@ -1,0 +1,297 @@
+"""What each function of engine/lightning_internals.py says or does, on a tiny real Trainer.
+
+A Lightning release that changes what one of them relies on fails here, in the fast tier, naming the function
+(not as "weights differ" in a resume test minutes later). Each run: one weight, four one-sample batches an epoch.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+from lightning import Callback, Trainer
+from lightning.fabric.plugins.environments import LightningEnvironment
+from lightning.pytorch.callbacks import ModelCheckpoint
+from torch.utils.data import DataLoader, TensorDataset
+from torchmetrics import MeanMetric
+
+from lightning_template.engine import lightning_internals as li
+
+from tests.test_lightning_tripwires import BATCHES, SaveAt, StatefulLoader, StatefulTiny, Tiny, fit
+
+
+def changed(function: str) -> str:
+    return f"Lightning's behaviour that lightning_internals.{function} relies on changed: see its docstring"
+
+
+class Validated(Tiny):
+    """Tiny with a one-batch validation."""
+
+    def validation_step(self, batch: Any, batch_idx: int) -> None:
+        self.log("val_loss", self.layer(batch[0].float()).pow(2).mean())
+
+    def val_dataloader(self) -> DataLoader:
+        return DataLoader(TensorDataset(torch.arange(1)), batch_size=1)
+
+
+class Recorder(Callback):
+    """Calls `ask(trainer)` at the named hooks and keeps the answers, in order."""
+
+    def __init__(self, ask: Any, *hooks: str) -> None:
+        self.ask, self.answers = ask, []
+        for hook in hooks:
+            setattr(self, hook, self._record)
+
+    def _record(self, trainer: Trainer, *args: Any) -> None:
+        self.answers.append(self.ask(trainer))
+
+
+def answers(tmp_path: Path, ask: Any, *hooks: str, model: Tiny | None = None, **kwargs: Any) -> list[Any]:
+    recorder = Recorder(ask, *hooks)
+    fit(tmp_path, model or Tiny(), [recorder], **kwargs)
+    return recorder.answers
+
+
+# -- where the loop is, in a run never stopped -----------------------------------------------------------------------
+
+
+def test_batch_counters(tmp_path: Path) -> None:
+    ends = answers(tmp_path, lambda t: (li.batch_index(t), li.batches_done(t)), "on_train_batch_end", max_epochs=1)
+    assert ends == [(i, i + 1) for i in range(BATCHES)], changed("batch_index or batches_done")
+    running = answers(tmp_path, li.batch_in_progress, "on_before_backward", "on_train_batch_end", max_epochs=1)
+    assert running == [True, False] * BATCHES, changed("batch_in_progress")
+
+
+def test_last_batch_and_accumulation(tmp_path: Path) -> None:
+    ask = lambda t: (li.last_batch_trained(t), li.closes_accumulation_window(t))  # noqa: E731
+    ends = answers(tmp_path, ask, "on_train_batch_end", max_epochs=1, accumulate_grad_batches=2)
+    assert [last for last, _ in ends] == [False, False, False, True], changed("last_batch_trained")
+    assert [closes for _, closes in ends] == [False, True] * 2, changed("closes_accumulation_window")
+
+
+def test_epoch_counts(tmp_path: Path) -> None:
+    counts = answers(tmp_path, li.epoch_counts, "on_train_epoch_start", "on_train_epoch_end")
+    assert counts == [(0, 0, 0), (1, 1, 0), (1, 1, 1), (2, 2, 1)], changed("epoch_counts")
+
+
+def test_logging_validation_and_stopping_schedule(tmp_path: Path) -> None:
+    ask = lambda t: (li.logs_this_step(t), li.validation_due(t))  # noqa: E731
+    ends = answers(tmp_path, ask, "on_train_batch_end", model=Validated(), max_epochs=1, log_every_n_steps=2,
+                   limit_val_batches=1, val_check_interval=2)  # fmt: skip
+    assert [logs for logs, _ in ends] == [False, True] * 2, changed("logs_this_step")
+    assert [due for _, due in ends] == [False, True] * 2, changed("validation_due")
+    early = answers(tmp_path, li.may_stop_early, "on_train_epoch_end", max_epochs=3, min_epochs=2)
+    assert early == [False, True, True], changed("may_stop_early")
+
+
+def test_a_run_never_stopped_restarts_nothing(tmp_path: Path) -> None:
+    ask = lambda t: (li.restarted_mid_epoch(t), li.keeps_first_train_iterator(t))  # noqa: E731
+    assert set(answers(tmp_path, ask, "on_train_epoch_start")) == {(False, False)}, changed(
+        "restarted_mid_epoch or keeps_first_train_iterator"
+    )
+
+
+def test_trainer_settings(tmp_path: Path) -> None:
+    trainer = Trainer(default_root_dir=tmp_path, logger=False, use_distributed_sampler=False)
+    assert isinstance(li.cluster_environment(trainer), LightningEnvironment), changed("cluster_environment")
+    assert li.replaces_samplers(trainer) is False, changed("replaces_samplers")
+    assert li.slurm_resume_path(trainer) is None, changed("slurm_resume_path")
+
+
+# -- a resumed run ---------------------------------------------------------------------------------------------------
+
+
+def resume_asking(tmp_path: Path, save: dict[str, Any], ask: Any, make: Any = Tiny, **kwargs: Any) -> Any:
+    """`ask(trainer)` at the resumed run's `on_train_start`, where the engine reads the restored loop."""
+    checkpoint = tmp_path / "stopped.ckpt"
+    fit(tmp_path, make(), [SaveAt(checkpoint, **save)], **kwargs)
+    recorder = Recorder(ask, "on_train_start")
+    model = make()
+    probe = fit(tmp_path, model, [recorder], ckpt_path=checkpoint, **kwargs)
+    return recorder.answers[0], model, probe
+
+
+def test_restart_stages(tmp_path: Path) -> None:
+    ask = lambda t: (li.restarted_mid_epoch(t), li.restored_after_last_batch(t), li.batches_done(t))  # noqa: E731
+    inside, *_ = resume_asking(tmp_path, {"epoch": 0, "batch": 1}, ask)
+    assert inside == (True, False, 2), changed("restarted_mid_epoch, restored_after_last_batch or batches_done")
+    after_last, *_ = resume_asking(tmp_path, {"epoch": 0, "batch": BATCHES - 1}, ask)
+    assert after_last[:2] == (True, True), changed("restored_after_last_batch")
+
+
+def test_start_next_epoch(tmp_path: Path) -> None:
+    _, model, probe = resume_asking(tmp_path, {"epoch": 0, "batch": BATCHES - 1}, li.start_next_epoch)
+    assert probe.epoch_starts == [1], changed("start_next_epoch")  # Lightning alone runs none (its tripwire)
+    assert [epoch for epoch, _ in model.seen] == [1] * BATCHES, changed("start_next_epoch")
+
+
+def test_finish_restarted_epoch(tmp_path: Path) -> None:
+    finished, model, probe = resume_asking(tmp_path, {"epoch": 0}, li.finish_restarted_epoch, max_steps=2 * BATCHES)
+    assert finished, changed("finish_restarted_epoch")
+    # Epoch 0 is done: no batch of it, no end of it again; epoch 1 runs whole, started as in the run never stopped.
+    assert [epoch for epoch, _ in model.seen] == [1] * BATCHES, changed("finish_restarted_epoch")
+    assert probe.epoch_starts == [1] and [end for end, _ in probe.epoch_ends] == [1], changed("finish_restarted_epoch")
+
+
+def test_load_train_loader_states(tmp_path: Path) -> None:
+    StatefulLoader.loaded = []
+    make = lambda: StatefulTiny(reads_stepping_batches=True)  # noqa: E731
+    loaded, *_ = resume_asking(tmp_path, {"epoch": 0, "batch": 1}, li.load_train_loader_states, make=make)
+    assert loaded and StatefulLoader.loaded == [{"position": 1}], changed("load_train_loader_states")
+
+
+def test_plateau_steps(tmp_path: Path) -> None:
+    class StepAtEpochEnd(Callback):
+        def on_train_epoch_end(self, trainer: Trainer, pl_module: Any) -> None:
+            li.let_lightning_step_plateau_schedulers(trainer)
+
+    checkpoint = tmp_path / "stopped.ckpt"
+    fit(tmp_path, Tiny(plateau=True), [SaveAt(checkpoint, epoch=0, batch=1)], max_epochs=1)
+    model = Tiny(plateau=True)
+    fit(tmp_path, model, [StepAtEpochEnd()], ckpt_path=checkpoint, max_epochs=1)
+    assert model.trainer.lr_scheduler_configs[0].scheduler.last_epoch == 1, changed(
+        "let_lightning_step_plateau_schedulers"
+    )
+
+    class StepNow(Callback):
+        def on_train_start(self, trainer: Trainer, pl_module: Any) -> None:
+            li.step_plateau_scheduler(trainer, trainer.lr_scheduler_configs[0].scheduler, torch.tensor(1.0))
+
+    model = Tiny(plateau=True)
+    fit(tmp_path, model, [StepNow()], max_epochs=1)
+    assert model.trainer.lr_scheduler_configs[0].scheduler.last_epoch == 2, changed("step_plateau_scheduler")
+
+
+# -- the loaders, the metrics, the checkpoints --------------------------------------------------------------------
+
+
+def test_train_loader_hooks(tmp_path: Path) -> None:
+    wrapped: list[Any] = []
+
+    class Wrap(Callback):
+        def setup(self, trainer: Trainer, pl_module: Any, stage: str) -> None:
+            li.wrap_train_loader(trainer, lambda loader: wrapped.append(loader) or loader)
+
+        def on_train_epoch_end(self, trainer: Trainer, pl_module: Any) -> None:
+            li.forget_train_loader(trainer)  # built again for the next epoch
+
+    fit(tmp_path, Tiny(), [Wrap()])
+    assert len(wrapped) == 2 and all(isinstance(x, DataLoader) for x in wrapped), changed(
+        "wrap_train_loader or forget_train_loader"
+    )
+
+    calls: list[int] = []
+
+    class Seed(Callback):
+        def on_train_start(self, trainer: Trainer, pl_module: Any) -> None:
+            self.undo = li.call_before_batch_hooks(trainer, lambda: calls.append(1))
+
+        def on_train_end(self, trainer: Trainer, pl_module: Any) -> None:
+            self.undo()
+
+    fit(tmp_path, Tiny(), [Seed()], max_epochs=1)
+    assert len(calls) == BATCHES, changed("call_before_batch_hooks")
+
+    class Restart(Callback):
+        def on_train_batch_end(self, trainer: Trainer, pl_module: Any, outputs: Any, batch: Any, i: int) -> None:
+            if i == 1 and trainer.current_epoch == 0:
+                li.restart_train_iterator(trainer)
+
+    model = Tiny()
+    fit(tmp_path, model, [Restart()], max_epochs=1, max_steps=BATCHES)
+    assert [sample for _, sample in model.seen] == [0, 1, 0, 1], changed("restart_train_iterator")
+
+
+def test_epoch_sums_and_metric_states(tmp_path: Path) -> None:
+    class Logs(Tiny):
+        def __init__(self) -> None:
+            super().__init__()
+            self.mean = MeanMetric()
+
+        def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+            self.mean.update(batch[0].float())
+            self.log("mean", self.mean, on_epoch=True, on_step=False)
+            self.log("sum", batch[0].float().sum(), on_epoch=True, reduce_fx="sum")
+            return super().training_step(batch, batch_idx)
+
+    seen: dict[str, Any] = {}
+
+    class Read(Callback):
+        def on_train_batch_end(self, trainer: Trainer, pl_module: Any, outputs: Any, batch: Any, i: int) -> None:
+            if i == 1:
+                sums = li.epoch_sums(trainer)  # by Lightning's key ("training_step.sum")
+                key = next(key for key in sums if key.endswith(".sum"))
+                seen["sum"] = float(sums[key]["value"])
+                li.add_epoch_sums(trainer, {key: sums[key]})  # folded in once more: 0+1 twice
+                training, _ = li.metrics_lightning_resets(trainer)
+                seen["resets"] = training
+                state = li.metric_state(pl_module.mean)
+                seen["updates"] = state["updates"]
+                pl_module.mean.reset()
+                li.load_metric_state(pl_module.mean, state)
+
+    model = Logs()
+    fit(tmp_path, model, [Read()], max_epochs=1)
+    assert seen["sum"] == 1.0, changed("epoch_sums")
+    assert float(model.trainer.callback_metrics["sum"]) == 0 + 1 + 0 + 1 + 2 + 3, changed("add_epoch_sums")
+    assert seen["resets"] == [model.mean], changed("metrics_lightning_resets")
+    assert seen["updates"] == 2 and float(model.trainer.callback_metrics["mean"]) == 1.5, changed(
+        "metric_state or load_metric_state"
+    )
+
+
+def test_checkpoint_callback_internals(tmp_path: Path) -> None:
+    written: list[str] = []
+
+    class Writes(li.CheckpointWrites):
+        def write_checkpoint(self, trainer: Trainer, filepath: str) -> None:
+            written.append(Path(filepath).name)
+            super().write_checkpoint(trainer, filepath)
+
+    checkpoint = Writes(dirpath=tmp_path, filename="{epoch}", save_top_k=-1)
+    trainer = Trainer(default_root_dir=tmp_path, logger=False, max_epochs=1, callbacks=[checkpoint],
+                      enable_progress_bar=False, enable_model_summary=False)  # fmt: skip
+    trainer.fit(Tiny())
+    assert written == ["epoch=0.ckpt"] and (tmp_path / "epoch=0.ckpt").exists(), changed("CheckpointWrites")
+    assert li.reads_at_train_epoch_end(checkpoint, trainer), changed("reads_at_train_epoch_end")
+    li.mark_saved_at(checkpoint, trainer.global_step)
+    li.save_now(checkpoint, trainer)  # already saved at this step: nothing written
+    assert written == ["epoch=0.ckpt"], changed("mark_saved_at or save_now")
+    li.mark_saved_at(checkpoint, trainer.global_step - 1)
+    li.save_now(checkpoint, trainer)
+    assert len(written) == 2, changed("save_now")
+    assert isinstance(checkpoint, ModelCheckpoint)
+
+
+# -- outside the loops -----------------------------------------------------------------------------------------------
+
+
+def test_datamodules_named_by_class() -> None:
+    from tests.test_lightning_tripwires import LightningDataModule
+
+    calls: list[int] = []
+
+    class Described(LightningDataModule):
+        def train_dataloader(self) -> DataLoader:
+            calls.append(1)
+            raise RuntimeError("not set up yet")
+
+    with li.datamodules_named_by_class():
+        assert str(Described()) == "Described" and not calls, changed("datamodules_named_by_class")
+    str(Described())
+    assert calls == [1], changed("datamodules_named_by_class")  # Lightning's own again, after it
+
+
+def test_torch_internals() -> None:
+    assert li.is_batch_norm(torch.nn.BatchNorm2d(2)) and li.is_batch_norm(torch.nn.LazyBatchNorm1d()), changed(
+        "is_batch_norm"
+    )
+    assert not li.is_batch_norm(torch.nn.LayerNorm(2)), changed("is_batch_norm")
+    tensors = [torch.tensor([1.0, -3.0]), torch.tensor([2.0])]
+    assert [float(x) for x in li.largest_magnitudes(tensors)] == [3.0, 2.0], changed("largest_magnitudes")
+    found = torch.zeros(1)
+    li.flag_non_finite(tensors, found)
+    assert float(found) == 0 and torch.equal(tensors[0], torch.tensor([1.0, -3.0])), changed("flag_non_finite")
+    li.flag_non_finite([torch.tensor([float("nan")])], found)
+    assert float(found) == 1, changed("flag_non_finite")
