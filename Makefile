@@ -235,9 +235,9 @@ transfer-timm: data $(VENV)/.installed-timm
 		--trainer.logger.init_args.name timm_$(BACKBONE)_fmnist_scratch $(ARGS)
 # /extra:timm
 
-# Real text: Debian's fortunes.
+# Real text: Debian's fortunes, or the folder FORTUNES_DIR names.
 fortunes: install
-	@test -d /usr/share/games/fortunes || { echo "Needs Debian's fortunes: sudo apt-get install fortunes"; exit 1; }
+	@test -d "$${FORTUNES_DIR:-/usr/share/games/fortunes}" || { echo "Needs fortune files: sudo apt-get install fortunes, or FORTUNES_DIR=<their folder>"; exit 1; }
 
 # Real text data for configs/transformer_text.yaml: fortune cookies by topic.
 text-data: fortunes

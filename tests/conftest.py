@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import shutil
 import signal
 import subprocess
 import sys
@@ -20,7 +21,9 @@ if TYPE_CHECKING:
 # hands tests out to the worker processes imports this file too, and would import them before any worker starts.
 
 ROOT = Path(__file__).resolve().parents[1]
-SYSTEM_FASHION_MNIST = Path("/usr/share/datasets/fashion-mnist")
+# Small real subsets of the data sets, for a machine that has neither Debian's copy nor one of its own: the first 600
+# training and 300 test images of Fashion-MNIST, and the first fortunes of three topics.
+SAMPLES = ROOT / "tests" / "data"
 TOPICS = ("computers", "food", "startrek")
 # A few real batches per stage, for CLI runs (`--trainer.max_epochs` is each test's own).
 QUICK = [
@@ -58,21 +61,65 @@ def stop_signals_left_as_found() -> Iterator[None]:
         pytest.fail(f"the test left signal handlers installed: {left}")
 
 
+# The fortunes where the jobs read them (the folder FORTUNES_DIR names, Debian's copy), else the sample: set before
+# any test imports the tasks, and inherited by every process a test starts.
+if not (Path(os.environ.get("FORTUNES_DIR") or "/usr/share/games/fortunes") / "computers").is_file():
+    os.environ["FORTUNES_DIR"] = str(SAMPLES / "fortunes")
+
+
+def fashion_mnist_from_sample(parent: Path) -> Path:
+    """Fashion-MNIST's four files at their full sizes (60,000 and 10,000 images), built once from the sample's real
+    images repeated in order: every job and its defaults (`val_size` 5,000) run as on the whole set. Built in
+    `parent`, which the test processes share, under a name that changes with the sample."""
+    import gzip
+    import hashlib
+    import tempfile
+
+    source = SAMPLES / "fashion-mnist"
+    digest = hashlib.sha256(b"".join(f.read_bytes() for f in sorted(source.glob("*.gz")))).hexdigest()[:12]
+    folder = parent / f"fashion-mnist-sample-{digest}"
+    if folder.is_dir():
+        return folder
+    building = Path(tempfile.mkdtemp(dir=parent))
+    for split, count in (("train", 60_000), ("t10k", 10_000)):
+        for kind, header in (("images-idx3", 16), ("labels-idx1", 8)):
+            data = gzip.decompress((source / f"{split}-{kind}-ubyte.gz").read_bytes())
+            size = (len(data) - header) // int.from_bytes(data[4:8], "big")
+            body = (data[header:] * (count // int.from_bytes(data[4:8], "big") + 1))[: count * size]
+            head = data[:4] + count.to_bytes(4, "big") + data[8:header]
+            (building / f"{split}-{kind}-ubyte.gz").write_bytes(gzip.compress(head + body, compresslevel=1))
+    try:
+        building.rename(folder)
+    except OSError:  # another test process built it first
+        shutil.rmtree(building)
+    return folder
+
+
+@pytest.fixture(scope="session", autouse=True)
+def fashion_mnist_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Fashion-MNIST where `make train` finds it (data/FashionMNIST/raw/, the folder FASHION_MNIST_DIR names,
+    Debian's copy), else built from the sample; named in FASHION_MNIST_DIR for every process a test starts."""
+    from lightning_template.tasks.classification import FashionMNISTDataModule
+
+    found = FashionMNISTDataModule(data_dir=str(ROOT / "data")).find_files()
+    folder = found or fashion_mnist_from_sample(tmp_path_factory.getbasetemp().parent)
+    os.environ["FASHION_MNIST_DIR"] = str(folder)
+    return folder
+
+
 @pytest.fixture(scope="session")
-def fashion_mnist_dir() -> Path:
-    if not (SYSTEM_FASHION_MNIST / "train-images-idx3-ubyte.gz").is_file():
-        pytest.fail("Fashion-MNIST is needed by the tests: `apt-get install dataset-fashion-mnist`.")
-    return SYSTEM_FASHION_MNIST
+def whole_fashion_mnist(fashion_mnist_dir: Path) -> Path:
+    """Fashion-MNIST itself, for a test of what only the whole set has: skipped where only the sample is."""
+    if fashion_mnist_dir.name.startswith("fashion-mnist-sample-"):
+        pytest.skip("needs the whole Fashion-MNIST: data/FashionMNIST/raw/ or `apt-get install dataset-fashion-mnist`")
+    return fashion_mnist_dir
 
 
 @pytest.fixture(scope="session")
 def fortunes_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Real sentences by topic (Debian's `fortunes`), as train/val/test JSONL files."""
-    from lightning_template.tasks.classification.data.fortunes import FORTUNES_DIR
+    """Real sentences by topic (Debian's `fortunes`, or the sample), as train/val/test JSONL files."""
     from lightning_template.tasks.classification.data.fortunes import build as build_fortunes
 
-    if not (FORTUNES_DIR / "computers").is_file():
-        pytest.fail("The text tests need Debian's fortunes: `apt-get install fortunes`.")
     out = tmp_path_factory.mktemp("fortunes")
     build_fortunes(out, topics=TOPICS)
     return out

@@ -51,7 +51,9 @@ def test_splits_shapes_and_dtypes(datamodule: FashionMNISTDataModule) -> None:
 
 
 @pytest.mark.slow
-def test_validation_is_a_fixed_holdout_disjoint_from_train(datamodule: FashionMNISTDataModule) -> None:
+def test_validation_is_a_fixed_holdout_disjoint_from_train(
+    datamodule: FashionMNISTDataModule, whole_fashion_mnist: Path
+) -> None:
     def fingerprints(split) -> set[int]:
         return set(hash(row.numpy().tobytes()) for row in split.images.flatten(1))
 
@@ -105,6 +107,20 @@ class TestResolutionOrder:
         monkeypatch.setattr(FashionMNISTDataModule, "system_dirs", (str(tmp_path / "nowhere"),))
         dm = FashionMNISTDataModule(data_dir=str(tmp_path))
         assert dm.resolve_files() == tmp_path / "FashionMNIST" / "raw"
+
+    def test_the_folder_fashion_mnist_dir_names_comes_after_data_dir_and_before_the_system_copy(
+        self, tmp_path: Path, fashion_mnist_dir: Path, monkeypatch, offline
+    ) -> None:
+        shared, system = tmp_path / "shared", tmp_path / "system"
+        _copy_dataset(fashion_mnist_dir, shared)
+        _copy_dataset(fashion_mnist_dir, system)
+        monkeypatch.setattr(FashionMNISTDataModule, "system_dirs", (str(system),))
+        monkeypatch.setenv("FASHION_MNIST_DIR", str(shared))
+        assert FashionMNISTDataModule(data_dir=str(tmp_path / "empty")).resolve_files() == shared
+        _copy_dataset(fashion_mnist_dir, tmp_path / "FashionMNIST" / "raw")
+        assert FashionMNISTDataModule(data_dir=str(tmp_path)).resolve_files() == tmp_path / "FashionMNIST" / "raw"
+        monkeypatch.setenv("FASHION_MNIST_DIR", str(tmp_path / "nowhere"))
+        assert FashionMNISTDataModule(data_dir=str(tmp_path / "empty")).find_files() == system
 
     def test_uncompressed_files_are_accepted(self, tmp_path: Path, fashion_mnist_dir: Path) -> None:
         raw = tmp_path / "FashionMNIST" / "raw"
@@ -160,13 +176,14 @@ class TestResolutionOrder:
 
     def test_clear_error_when_nothing_is_found_offline(self, tmp_path: Path, monkeypatch, offline) -> None:
         monkeypatch.setattr(FashionMNISTDataModule, "system_dirs", (str(tmp_path / "nowhere"),))
+        monkeypatch.delenv("FASHION_MNIST_DIR")
         dm = FashionMNISTDataModule(data_dir=str(tmp_path / "data"))
         with pytest.raises(DatasetNotFoundError) as err:
             dm.prepare_data()
         message = str(err.value)
         assert "download failed" in message
         assert str(tmp_path / "data" / "FashionMNIST" / "raw") in message
-        assert "apt-get install dataset-fashion-mnist" in message
+        assert "apt-get install dataset-fashion-mnist" in message and "FASHION_MNIST_DIR" in message
         assert "train-images-idx3-ubyte.gz" in message
 
     def test_corrupt_file_names_the_file(self, tmp_path: Path, fashion_mnist_dir: Path) -> None:

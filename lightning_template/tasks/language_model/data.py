@@ -14,6 +14,7 @@ the openings of held-out (test) entries.
 
 from __future__ import annotations
 
+import os
 import random
 from pathlib import Path
 from typing import Any, Literal, NamedTuple
@@ -30,7 +31,7 @@ from lightning_template.tasks.language_model.vocabulary import (
     vocabulary_from_state,
 )
 
-FORTUNES_DIR = "/usr/share/games/fortunes"
+FORTUNES_DIR = os.environ.get("FORTUNES_DIR") or "/usr/share/games/fortunes"  # Debian's, or the folder it names
 
 
 def read_entries(folder: Path) -> list[str]:

@@ -26,6 +26,11 @@ def torchvision_download(dataset_cls: type, root: Path) -> None:
         socket.setdefaulttimeout(previous)
 
 
+def find_dataset_dir(local_dir: Path, system_dirs: Sequence[Path], is_complete: Callable[[Path], bool]) -> Path | None:
+    """`local_dir` if complete, else the first complete system dir; None where neither is."""
+    return next((folder for folder in (local_dir, *system_dirs) if is_complete(folder)), None)
+
+
 def resolve_dataset_dir(
     local_dir: Path,
     system_dirs: Sequence[Path],
@@ -34,11 +39,9 @@ def resolve_dataset_dir(
     missing_advice: str,
 ) -> Path:
     """`local_dir` if complete, else the first complete system dir, else download into `local_dir`."""
-    if is_complete(local_dir):
-        return local_dir
-    for system_dir in system_dirs:
-        if is_complete(system_dir):
-            return system_dir
+    found = find_dataset_dir(local_dir, system_dirs, is_complete)
+    if found is not None:
+        return found
     try:
         download()
     except Exception as err:  # any network or HTTP failure ends in the same advice

@@ -5,13 +5,14 @@ sorted into topic files (/usr/share/games/fortunes/computers, .../politics, ...)
 This script turns chosen topics into train/val/test JSONL files (a stratified,
 seeded 80/10/10 split) for `TextClassificationDataModule`:
 
-    apt-get install fortunes
+    apt-get install fortunes      # or FORTUNES_DIR=<a folder of fortune files>
     python -m lightning_template.tasks.classification.data.fortunes data/fortunes
 """
 
 from __future__ import annotations
 
 import json
+import os
 import random
 from pathlib import Path
 
@@ -20,7 +21,8 @@ from jsonargparse import ArgumentParser
 from lightning_template.engine.errors import MissingFileError
 from lightning_template.script_args import script_parser
 
-FORTUNES_DIR = Path("/usr/share/games/fortunes")
+# Debian's copy, or the folder FORTUNES_DIR names (macOS's Homebrew fortune, a copy of your own).
+FORTUNES_DIR = Path(os.environ.get("FORTUNES_DIR") or "/usr/share/games/fortunes")
 DEFAULT_TOPICS = ("computers", "food", "men-women", "politics", "science", "songs-poems", "startrek", "work")
 
 
@@ -33,7 +35,10 @@ def read_fortunes(path: Path) -> list[str]:
 def build(out_dir: Path, topics: tuple[str, ...] = DEFAULT_TOPICS, seed: int = 0) -> dict[str, int]:
     missing = [t for t in topics if not (FORTUNES_DIR / t).is_file()]
     if missing:
-        raise MissingFileError(f"{FORTUNES_DIR}: no topic files {missing}. Install them: `apt-get install fortunes`.")
+        raise MissingFileError(
+            f"{FORTUNES_DIR}: no topic files {missing}. Install them: `apt-get install fortunes`, or set"
+            " FORTUNES_DIR to a folder holding them."
+        )
     splits: dict[str, list[dict[str, str]]] = {"train": [], "val": [], "test": []}
     rng = random.Random(seed)
     for topic in topics:
