@@ -124,6 +124,23 @@ def test_every_command_from_a_checkpoint_is_as_quiet_as_fit(command: str, fitted
 
 
 @pytest.mark.slow
+def test_a_checkpoint_alone_from_another_folder_finds_its_data_and_writes_beside_its_run(
+    fitted: tuple[Path, str], tmp_path: Path
+) -> None:
+    """`test|predict --ckpt_path <file>` and nothing else, from another folder, of a run whose data the datamodule
+    found at a fallback (no data/ anywhere): evaluated without Lightning's warning about its rebuilt command line;
+    the logs go to a new run of the checkpoint's job and the predictions beside the run, not to this folder."""
+    workdir, _ = fitted
+    last = workdir / "logs/simple_cnn/version_0/checkpoints/last.ckpt"
+    done = run_cli("test", f"--ckpt_path={last}", "--trainer.limit_test_batches=2", cwd=tmp_path)
+    assert "test_acc" in done.stdout and "args parameter" not in done.stdout + done.stderr
+    assert (workdir / "logs/simple_cnn/version_1/config.yaml").is_file()
+    done = run_cli("predict", f"--ckpt_path={last}", "--trainer.limit_predict_batches=1", cwd=tmp_path)
+    assert f"predictions written to {last.parents[1] / 'predictions.csv'} (128 rows)" in done.stdout
+    assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.slow
 def test_validate_reproduces_best_checkpoint_score(fitted: tuple[Path, str]) -> None:
     workdir, _ = fitted
     best = next((workdir / "logs" / "simple_cnn" / "version_0" / "checkpoints").glob("epoch=*.ckpt"))

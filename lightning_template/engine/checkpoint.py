@@ -14,6 +14,8 @@
 
 from __future__ import annotations
 
+import importlib
+import inspect
 import json
 import os
 import warnings
@@ -301,7 +303,25 @@ class CheckpointAlone:
                 " options, or the --config of its job."
             )
         self.data = data
-        self.args = [argv[0], f"--model={record.model_class}", f"--data={json.dumps(data, default=str)}", *argv[1:]]
+        given = [f"--model={record.model_class}", f"--data={json.dumps(data, default=str)}", *self._run_folder(argv)]
+        self.args = [argv[0], *given, *argv[1:]]
+
+    def _run_folder(self, argv: list[str]) -> list[str]:
+        """Flags that keep what the command writes with the checkpoint's job, not in the current folder: the logs
+        of `validate` and `test` as a new run of that job (`<save_dir>/<job>/version_N`), `predict`'s CSV in the
+        run's folder. None for a flag the command gives, or a checkpoint outside a run's `checkpoints/` folder."""
+        run = self.record.path.parent.parent
+        if self.record.path.parent.name != "checkpoints" or not run.name.startswith("version_"):
+            return []
+        if argv[0] == "predict":
+            given = any(a.startswith("--predictions") for a in argv)
+            return [] if given else [f"--predictions.output_file={run / 'predictions.csv'}"]
+        if any(a.startswith("--trainer.logger") for a in argv):
+            return []
+        return [
+            f"--trainer.logger.init_args.save_dir={run.parent.parent}",
+            f"--trainer.logger.init_args.name={run.parent.name}",
+        ]
 
     def _data(self) -> dict[str, Any] | None:
         saved = self.record.entries.get("datamodule_hyper_parameters")
@@ -314,15 +334,33 @@ class CheckpointAlone:
         return data if isinstance(data, dict) and data.get("class_path") else None
 
     def check_data_found(self, config: Any) -> None:
-        """A file or folder the data was read from that is not there any more, unless a flag gives another one."""
+        """A file or folder the data was read from that is not there any more, unless a flag gives another one. A
+        setting the training left at its default is the datamodule's own to look up (a `data_dir` it searches with
+        fallbacks of its own, a download folder): it says itself what it does not find."""
         now = leaves(config.data.get("init_args"))
+        defaults = init_defaults(self.data["class_path"])
         for key, value in (self.data.get("init_args") or {}).items():
             given = key.endswith(self.PATH_LIKE) and isinstance(value, str) and now.get(key) == value
-            if given and not Path(value).exists():
+            if given and value != defaults.get(key) and not Path(value).exists():
                 raise MissingFileError(
                     f"--ckpt_path {self.record.path} was trained on data from --data.{key} {value}, which is not"
                     f" there: give --data.{key} <where that data is now>."
                 )
+
+
+def init_defaults(class_path: str) -> dict[str, Any]:
+    """The default of each argument the class takes, its base classes' included (where its **kwargs go)."""
+    module, _, name = class_path.rpartition(".")
+    try:
+        cls = getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError, ValueError):
+        return {}
+    defaults: dict[str, Any] = {}
+    for klass in reversed(cls.__mro__):
+        if "__init__" in vars(klass):
+            parameters = inspect.signature(vars(klass)["__init__"]).parameters.values()
+            defaults.update({p.name: p.default for p in parameters if p.default is not inspect.Parameter.empty})
+    return defaults
 
 
 def checkpoint_alone(argv: list[str]) -> CheckpointAlone | None:

@@ -300,7 +300,9 @@ class ProjectCLI(CLIHooks):
         global _parsed_args
         _parsed_args = self._given  # for the parsers' error messages, which see no arguments
         alone = checkpoint_alone(self._given) if args is None or isinstance(args, list) else None
-        super().parse_arguments(parser, args if alone is None else alone.args)
+        with warnings.catch_warnings():  # the rebuilt command line is the user's, with the checkpoint's classes
+            warnings.filterwarnings("ignore", "LightningCLI's args parameter is intended", module="lightning.pytorch")
+            super().parse_arguments(parser, args if alone is None else alone.args)
         if alone is not None:
             alone.check_data_found(self.config[self._given[0]])
         subcommand = self.config.get("subcommand")
