@@ -18,8 +18,9 @@ diffs line up), this script, as copier.yml's task:
    renames the package (`lightning_template` -> NAME, `lightning-template` -> the distribution name) in the text;
    the README says what the project's data is and which extras it can add;
 4. locks the project's own dependency groups: `uv lock` makes uv.lock match its pyproject.toml, keeping the versions the
-   template locked (from uv's cache when it holds them, else from the package index); without uv, or with neither,
-   it says in one line that `make lock` must run first.
+   template locked (from uv's cache when it holds them, else from the package index); without uv on PATH, the
+   project's `make lock` (which puts uv into its venv, as `make` would); where that fails, it says in one line that
+   `make lock` must run before the first commit.
 The rename needs no formatter: the template's code keeps its lines and import order whatever the package's name
 (tests/template/test_copy.py checks the shortest and the longest names with ruff).
 
@@ -345,19 +346,24 @@ def uv_command() -> str | None:
 
 def lock(root: Path) -> None:
     """uv.lock for the project's own groups: the template's lock re-resolved against the project's pyproject.toml
-    (uv keeps the versions locked there); offline first, so that a warm cache needs no network."""
+    (uv keeps the versions locked there); offline first, so that a warm cache needs no network. Without uv, the
+    project's `make lock`, which puts uv into the project's venv as every `make` target does, then locks."""
     if not (root / "uv.lock").is_file():
         return
     uv = uv_command()
+    commands = [[uv, "lock", "--quiet", "--offline"], [uv, "lock", "--quiet"]] if uv else [["make", "-s", "lock"]]
     done = None
-    for offline in (["--offline"], []):
-        if uv is None:
-            break
-        done = subprocess.run([uv, "lock", "--quiet", *offline], cwd=root, capture_output=True, text=True)
+    for command in commands:
+        try:
+            done = subprocess.run(command, cwd=root, capture_output=True, text=True)
+        except OSError as err:  # no make
+            done = subprocess.CompletedProcess(command, 1, "", f"{command[0]}: {err.strerror}")
         if done.returncode == 0:
             return
-    why = "no uv found" if done is None else (done.stderr.strip().splitlines() or ["uv lock failed"])[-1]
-    print(f"uv.lock still holds the template's groups ({why}): run `make lock` before `make`.", file=sys.stderr)
+    lines = [line.strip() for line in (done.stdout + done.stderr).splitlines() if line.strip()] if done else []
+    why = next((line for line in reversed(lines) if not line.startswith("make")), "uv lock failed")
+    print(f"uv.lock is still the template's ({why}): in {root.name}/, run `make lock` before the first commit.",
+          file=sys.stderr)  # fmt: skip
 
 
 # -- copier update -----------------------------------------------------------------------------------------------

@@ -415,6 +415,26 @@ def test_the_generator_runs_on_python_3_10(template: Path, tmp_path: Path) -> No
         assert (untouched / relative).read_bytes() == path.read_bytes(), relative
 
 
+@pytest.mark.slow
+def test_without_uv_the_generator_locks_the_project_with_its_own_make_lock(template: Path, tmp_path: Path) -> None:
+    """Copier where only Python is (no uv on PATH or beside Copier's Python): the project's uv.lock is made by its
+    own `make lock`, which puts uv into the project's venv as any `make` does (here the venv has this environment's
+    uv, offline), so that the README's first commit holds the project's lock and its `make train` installs from it."""
+    answers = {"project_name": "Leaf", "extras": []}
+    project = make_project(template, tmp_path / "leaf", answers, skip_tasks=True)
+    project_venv(project)
+    python = Path(sys.base_prefix) / "bin" / "python3"  # this venv's interpreter, without the venv's uv beside it
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "yaml").symlink_to(Path(yaml.__file__).parent)
+    command = [python, template / ".copier/generate.py", "--template", template, "--package", "leaf", "--slug", "leaf",
+               "--extras", "", "--data", "fashion_mnist", "--name", "Leaf"]  # fmt: skip
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(site), "UV_OFFLINE": "1", "HOME": os.environ["HOME"]}
+    done = subprocess.run(list(map(str, command)), cwd=project, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0 and "make lock" not in done.stderr, done.stderr
+    run([project / ".venv/bin/uv", "lock", "--check", "--offline"], project, {"UV_OFFLINE": "1"})
+
+
 # -- a generated project on its own -------------------------------------------------------------------------------
 
 
