@@ -199,7 +199,7 @@ def reserved_names(template: Path) -> set[str]:
 def check_project_name(name: str, slug: str, reserved: set[str]) -> None:
     """copier.yml's rule for the project's name and its distribution name (Copier checks it when it asks)."""
     if not name.strip():
-        raise Refused("the project's name is empty: -d project_name='Leaf Disease Classifier', say")
+        raise Refused("the project's name is empty: give one, e.g. -d project_name='Leaf Disease Classifier'")
     if bad := sorted({c for c in name if c == "\\" or not c.isprintable()}):
         raise Refused(f"the project's name {name!r} holds {bad}: no backslash, tab or other control character")
     if not slug and not name.isascii():  # the distribution's name is the package's, and none was given
@@ -485,7 +485,8 @@ def main(argv: list[str] | None = None) -> None:
         raise Refused(f"no such data: {args.data} (one of {', '.join(DATA_CONFIGS)}), e.g. -d data={fixed}")
     if args.refused:  # a rule of copier.yml's that the checks above do not know: nothing was written
         raise Refused(args.refused)
-    project = Project(args.package, args.slug, args.name, extras, args.data, manifest)
+    name = " ".join(args.name.split())  # as typed, but for spaces around it and runs of them inside
+    project = Project(args.package, args.slug, name, extras, args.data, manifest)
     if args.operation == "update" and is_the_owners_repository(root):  # not Copier's renders of old and new
         gone, theirs = owners_files_of(root, args.template, project)
         if theirs:
