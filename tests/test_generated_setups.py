@@ -55,7 +55,7 @@ QUIET = [
 # the validation due after its batch, or a loader the engine keeps has persistent workers (their random streams), or
 # DDP processes in manual optimization keep buffers of their own, or an epoch's training metrics cannot be the run's
 # (each DDP process gathered its own, written after the epoch's last batch, a value not logged again), or the module
-# keeps state no checkpoint holds (said after the resumed run's first batch).
+# keeps state no checkpoint holds.
 SAID_WHY = (
     "starts the epoch's data again", "inside an accumulated step", "before the validation due",
     "keeps its worker processes from epoch to epoch", "without that epoch's end",
@@ -681,6 +681,9 @@ FOUND = [  # each ended otherwise on an earlier version
     pytest.param(LAST_STEP_VALIDATED, Stop("validation", 0), "exact", id="sigterm-in-the-validation-at-max-steps"),
     pytest.param(OVERFIT, Stop("sigterm", 4), "exact", id="overfit-batches-sigterm-inside-an-epoch"),
     pytest.param(UNSAVED_STATE, Stop("sigterm", 9), "warned", id="state-no-checkpoint-holds-said-at-the-resume"),
+    pytest.param(  # the state's values after the resumed run's first step were those of the stopped run's first
+        UNSAVED_STATE, Stop("sigterm", 0), "warned", id="state-no-checkpoint-holds-stopped-after-the-first-step"
+    ),
     pytest.param(EPOCHS_ENDED_EARLY, Stop("sigterm", 4), "exact", id="epochs-ended-early-sigterm-in-the-second"),
     pytest.param(EPOCHS_ENDED_EARLY, Stop("kill", 0), "exact", id="epochs-ended-early-kill-after-the-first"),
     pytest.param(OUT_OF_TIME, Stop("sigterm", 9), "exact", id="max-time-sigterm-inside-an-epoch"),

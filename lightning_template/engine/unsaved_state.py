@@ -4,9 +4,9 @@ A module's buffer registered with `persistent=False` and a plain attribute (`sel
 each step) are in no `state_dict`: a run resumed from a checkpoint starts them from the values its own start gave
 them, not from the stopped run's, and whatever they steer (a loss weight, a schedule of the module's own) differs
 without a word. `UnsavedState` compares them at each checkpoint with their values at the start of training (no cost
-at the steps in between) and records a fingerprint of each that changed; the resumed run, once the module's
-`on_load_checkpoint` has run (which may give some back), names in one line, after its first batch (which builds a
-cache of `forward` again), those that do not hold the recorded value, and where to keep them.
+at the steps in between; a value that was None then, a cache its `forward` builds, is not state) and records a
+fingerprint of each that changed; the resumed run, once the module's `on_load_checkpoint` has run (which may give some
+back), names at its start, in one line, those that do not hold the recorded value, and where to keep them.
 """
 
 from __future__ import annotations
@@ -60,38 +60,29 @@ class UnsavedState(Callback):
         self._module: LightningModule | None = None
         self._at_start: dict[str, str] = {}
         self._saved: dict[str, str] | None = None
-        self._suspects: dict[str, str] = {}  # at a resume: recorded values this run does not start with
 
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._module, self._at_start = pl_module, fingerprints(pl_module)
         saved, self._saved = self._saved or {}, None
-        self._suspects = {name: value for name, value in saved.items() if self._at_start.get(name) != value}
-
-    def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, *args: Any) -> None:
-        """After the resumed run's first batch: a value built again by it (a cache made in `forward`) is the recorded
-        one; state no checkpoint held is not."""
-        if not self._suspects:
-            return
-        now = fingerprints(pl_module)
-        lost = sorted(name for name, value in self._suspects.items() if now.get(name) != value)
-        self._suspects = {}
+        lost = sorted(name for name, value in saved.items() if self._at_start.get(name) != value)
         if lost:
             names = ", ".join(lost[:4]) + (", ..." if len(lost) > 4 else "")
             rank_zero_warn(
                 f"ExactResume: the module's {names} changed during the run that wrote the checkpoint and no checkpoint"
-                " holds them (a plain attribute, or a buffer registered with persistent=False): they went on from this"
+                " holds them (a plain attribute, or a buffer registered with persistent=False): they go on from this"
                 " run's start values, not the stopped run's, so what they steer differs. Keep them in"
                 " on_save_checkpoint/on_load_checkpoint, or register them as persistent buffers."
             )
 
     def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        self._module, self._suspects = None, {}
+        self._module = None
 
     def state_dict(self) -> dict[str, Any]:
         if self._module is None:  # outside training (a checkpoint saved by hand before or after fit)
             return {}
+        # Values the module had at the start of training: not a cache that its forward builds from None.
         now = fingerprints(self._module)
-        return {"changed": {name: value for name, value in now.items() if self._at_start.get(name) != value}}
+        return {"changed": {k: v for k, v in now.items() if k in self._at_start and self._at_start[k] != v}}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self._saved = state_dict.get("changed")
