@@ -96,3 +96,29 @@ class RecordTrainingSamples(Callback):
     def on_train_end(self, trainer: Trainer, pl_module) -> None:
         self.folder.mkdir(parents=True, exist_ok=True)
         (self.folder / f"rank{trainer.global_rank}.json").write_text(json.dumps(self.seen))
+
+
+class FillDisk(Callback):
+    """As epoch `epoch` starts, fills the filesystem of the working folder up to `keep` free bytes (a file `filler`),
+    as another program filling a shared disk would."""
+
+    def __init__(self, epoch: int, keep: int) -> None:
+        self.epoch, self.keep = epoch, keep
+
+    def on_train_epoch_start(self, trainer: Trainer, pl_module) -> None:
+        if trainer.current_epoch == self.epoch:
+            free = os.statvfs(".")
+            with open("filler", "wb") as f:
+                f.write(bytes(max(0, free.f_bavail * free.f_frsize - self.keep)))
+
+
+class Ballast(Callback):
+    """`megabytes` of zeros in every checkpoint from epoch `epoch` on: a write that takes a while, a checkpoint that
+    grows."""
+
+    def __init__(self, megabytes: int, epoch: int = 0) -> None:
+        self.megabytes, self.epoch = megabytes, epoch
+
+    def on_save_checkpoint(self, trainer: Trainer, pl_module, checkpoint: dict) -> None:
+        if trainer.current_epoch >= self.epoch:
+            checkpoint["ballast"] = torch.zeros(self.megabytes * 2**18)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import os
 import re
 import subprocess
 import sys
@@ -16,7 +17,7 @@ from lightning.pytorch.callbacks import LearningRateMonitor
 
 from lightning_template.engine import ExactResume, FiniteLossGuard, ResumeCheckpoint
 from lightning_template.engine.cli import DATA_FACTS, ProjectCLI, main, named_subcommand
-from lightning_template.engine.errors import ConfigError, MissingFileError
+from lightning_template.engine.errors import ConfigError, MissingFileError, StorageError
 from lightning_template.engine.monitor import EarlyStop
 from lightning_template.script_args import parse_known, script_parser
 from lightning_template.tasks.classification import SimpleCNN
@@ -363,6 +364,62 @@ def test_a_misspelled_class_a_tab_in_a_config_and_another_class_option_are_one_c
         "error: --data.image_size is an argument of ImageFolderDataModule, not of FashionMNISTDataModule (this"
         " config's class)"
     ]  # not "did you mean --data.val_size?"
+
+
+def test_a_misspelled_key_in_a_config_file_is_named_with_its_file_and_the_nearest_key(capsys, tmp_path) -> None:
+    """As a misspelled flag is: the file, the key and the class it is no argument of, then the nearest valid key."""
+    config, typo = ["fit", "--config", str(ROOT / "configs/simple_cnn.yaml")], tmp_path / "typo.yaml"
+    for text, refused, near in [
+        ("model:\n  dropot: 0.3\n", "model.dropot is not an option of SimpleCNN", "model.dropout"),
+        ("model:\n  init_args:\n    dropot: 0.3\n", "model.dropot is not an option of SimpleCNN", "model.dropout"),
+        ("model:\n  optimizer:\n    lrr: 3\n", "model.optimizer.lrr is not an option of AdamW", "model.optimizer.lr"),
+        ("trainer:\n  max_epoch: 3\n", "trainer.max_epoch is not an option", "trainer.max_epochs"),
+    ]:
+        typo.write_text(text)
+        lines = _usage_error([*config, "--config", str(typo)], capsys)
+        assert lines[:2] == [f"error: {typo}: {refused}", f"did you mean {near}?"] and len(lines) == 3, lines
+
+
+def test_a_log_folder_that_cannot_be_made_is_refused_in_one_line_before_anything_runs(
+    tmp_path: Path, monkeypatch, capsys
+) -> None:
+    (tmp_path / "notes").write_text("a file where the logs' folder would go")
+    monkeypatch.chdir(tmp_path)
+    config = ["train.py", "fit", "--config", str(ROOT / "configs/simple_cnn.yaml")]
+    monkeypatch.setattr(sys, "argv", [*config, "--trainer.logger.init_args.save_dir=notes/logs"])
+    with pytest.raises(SystemExit) as exit_:
+        main()
+    err = capsys.readouterr().err
+    assert exit_.value.code == 1 and "Traceback" not in err
+    assert (
+        f"Error: --trainer.logger.init_args.save_dir notes/logs: no folder can be made in {tmp_path / 'notes'} (a"
+        " file, not a folder); give a folder that can be written." in err
+    )
+    if Path("/proc/self").is_dir():  # procfs takes no folder
+        with pytest.raises(StorageError, match=r"save_dir /proc/logs: no folder can be made in /proc \("):
+            ProjectCLI(args=[*config[1:], "--trainer.logger.init_args.save_dir=/proc/logs"])
+    assert [p.name for p in tmp_path.iterdir()] == ["notes"]
+
+
+def test_a_folder_name_that_is_not_utf8_or_a_folder_given_as_checkpoint_is_one_line(tmp_path: Path, monkeypatch):
+    """A name in bytes of another encoding (as Python reads it from the command line), and `--ckpt_path <folder>`."""
+    monkeypatch.chdir(tmp_path)
+    save_dir = os.fsdecode(b"logs-\xe9t\xe9")  # Latin-1
+    with pytest.raises(
+        ConfigError, match=r"^--trainer.logger.init_args.save_dir logs-\\xe9t\\xe9: not UTF-8 \(the run"
+    ):
+        ProjectCLI(args=["fit", f"--trainer.logger.init_args.save_dir={save_dir}"])
+    assert not list(tmp_path.iterdir())
+    run = tmp_path / "logs" / "simple_cnn" / "version_0"
+    (run / "checkpoints").mkdir(parents=True)
+    (run / "checkpoints" / "last.ckpt").touch()
+    suggested = re.escape(str(run / "checkpoints" / "last.ckpt"))
+    for folder in (run, run / "checkpoints"):
+        given = re.escape(str(folder))
+        with pytest.raises(
+            ConfigError, match=rf"^--ckpt_path {given} is a folder: give a checkpoint file, e.g. {suggested}\.$"
+        ):
+            ProjectCLI(args=["validate", f"--ckpt_path={folder}"])
 
 
 def test_a_command_builds_the_parser_of_its_subcommand_alone_and_help_still_lists_them_all(monkeypatch, capsys):

@@ -69,6 +69,8 @@ class RunCheckpoint:
     def read(cls, path: str | Path) -> RunCheckpoint:
         """The record of `path`; a one-line error if it is missing or not a readable checkpoint."""
         path = Path(path)
+        if path.is_dir():
+            raise ConfigError(f"--ckpt_path {path} is a folder: give a checkpoint file, {_checkpoint_in(path)}.")
         if not path.is_file():
             raise MissingFileError(
                 f"--ckpt_path {path}: no such file. Checkpoints are in logs/<name>/version_*/checkpoints/."
@@ -119,6 +121,15 @@ class RunCheckpoint:
             for name, tensor in state_dict.items()
             if name in self.shapes and not is_lazy(tensor) and self.shapes[name] != tuple(tensor.shape)
         ]
+
+
+def _checkpoint_in(folder: Path) -> str:
+    """One checkpoint file of a run's folder (or of its checkpoints/), to name instead of the folder, if it has one."""
+    found = [*sorted(folder.glob("checkpoints/*.ckpt")), *sorted(folder.glob("*.ckpt"))]
+    last = [path for path in found if path.name == "last.ckpt"]
+    if last or found:
+        return f"e.g. {(last or found)[0]}"
+    return "e.g. logs/<name>/version_N/checkpoints/last.ckpt, or `last` or `best` (found among a job's runs)"
 
 
 def _best_of(callbacks: dict[str, Any]) -> str | None:
@@ -221,8 +232,8 @@ def _check_same_data(config: Any, found: RunCheckpoint, run: Path, dump_fit_conf
     saved = run / "config.yaml"
     if not saved.is_file():
         return
-    before = _flat((yaml.safe_load(saved.read_text()) or {}).get("data"))
-    now = _flat(yaml.safe_load(dump_fit_config(config)).get("data"))
+    before = flat_config((yaml.safe_load(saved.read_text()) or {}).get("data"))
+    now = flat_config(yaml.safe_load(dump_fit_config(config)).get("data"))
     changed = [
         f"--data.{key} {now.get(key)!r} (the run: {before.get(key)!r})"
         for key in sorted(before.keys() | now.keys())
@@ -493,11 +504,13 @@ def setting(key: str) -> str:
     return ".".join(part for part in key.split(".") if part != "init_args")
 
 
-def _flat(section: Any, prefix: str = "") -> dict[str, Any]:
+def flat_config(section: Any, prefix: str = "") -> dict[str, Any]:
     """A config section read from YAML as {`key.sub`: value}, without jsonargparse's `init_args`."""
     if not isinstance(section, dict):
         return {setting(prefix): section} if prefix else {}
-    return {k: v for key, value in section.items() for k, v in _flat(value, f"{prefix}.{key}".lstrip(".")).items()}
+    return {
+        k: v for key, value in section.items() for k, v in flat_config(value, f"{prefix}.{key}".lstrip(".")).items()
+    }
 
 
 def leaves(namespace: Any) -> dict[str, Any]:

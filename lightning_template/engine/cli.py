@@ -42,6 +42,7 @@ from lightning_template.engine.checkpoint import (
     build_model_from_checkpoint,
     check_model_fits,
     checkpoint_alone,
+    flat_config,
     job_configs,
     resolve_checkpoint,
     restore_datamodule,
@@ -69,10 +70,12 @@ from lightning_template.engine.monitor import (
 from lightning_template.engine.predictions import CSVPredictionWriter
 from lightning_template.engine.process_group import ProcessGroupTeardown, ThawedParameterSync, leave
 from lightning_template.engine.resume import ExactResume, ResumeCheckpoint
+from lightning_template.engine.storage import check_folder
 from lightning_template.engine.tracking import (
     EXPERIMENT_ARG,
     SaveConfigToRun,
     check_tracker_installed,
+    folders_written,
     keep_csv_metrics,
     logger_type,
     name_new_run,
@@ -163,6 +166,30 @@ def unreadable_config(argv: list[str]) -> str:
     return ""
 
 
+def _is_utf8(word: str) -> bool:
+    try:
+        word.encode("utf-8")
+    except UnicodeEncodeError:  # bytes Python could not decode, kept as surrogates
+        return False
+    return True
+
+
+def check_text(argv: list[str]) -> None:
+    """Refuse in one line a word of the command line that is not UTF-8 (a folder's name in bytes of another encoding),
+    naming its option."""
+    position = next((i for i, word in enumerate(argv) if not _is_utf8(word)), None)
+    if position is None:
+        return
+    word = argv[position]
+    flag = word.startswith("-") and "=" in word
+    option = word.partition("=")[0] if flag else argv[position - 1] if position else "the command line"
+    value = os.fsencode(word.partition("=")[2] if flag else word).decode("utf-8", "backslashreplace")
+    raise ConfigError(
+        f"{option} {value}: not UTF-8 (the run records every setting as UTF-8 text, in its config.yaml and logs):"
+        " rename the folder or file in UTF-8, or give another."
+    )
+
+
 def one_line(message: str, argv: list[str]) -> str:
     """jsonargparse's message, or one line that says what it means where it is known to be unclear: a config file
     that is not YAML (its message lacks the file's name), a misspelled class (a list of Union subtypes), an option
@@ -205,6 +232,40 @@ def did_you_mean(message: str, parser: LightningArgumentParser) -> str:
     return f"did you mean {' / '.join(suggestions)}?\n" if suggestions else ""
 
 
+def _refused_key(message: str, parser: LightningArgumentParser) -> tuple[str, str, list[str]] | None:
+    """For a parser error refusing a key: (the key as the message names it, `model.dropot` or `trainer.max_epoch`;
+    the class it is no argument of, or "" for the CLI's own options; the names valid in its place)."""
+    if found := re.search(r"does not accept option '([\w.]+)'", message):  # a Trainer's or the CLI's own option
+        return found.group(1), "", [option[2:] for option in parser._option_string_actions if option.startswith("--")]
+    within, unknown = re.findall(r'Parser key "(\w+)"', message), re.findall(r"Option '(\w+)' is not accepted", message)
+    classes = re.findall(r"class_path[ =]'([\w.]+)'", message)  # the last one is the class that refused the key
+    if not within or not unknown or not classes or "NestedArg" in message:  # NestedArg: a flag's, not a file's
+        return None
+    return ".".join([*within, unknown[-1]]), classes[-1], sorted(_init_parameters(class_of(classes[-1])))
+
+
+def misspelled_config_key(message: str, argv: list[str], parser: LightningArgumentParser) -> tuple[str, list[str]]:
+    """For a key of a config file that no option or class argument takes: the error line naming the file and the key
+    (`configs/job.yaml: model.dropot is not an option of SimpleCNN`), and the nearest valid key; ("", []) for
+    another error."""
+    refused = _refused_key(message, parser)
+    if refused is None:
+        return "", []
+    key, owner, names = refused
+    for path in [*reversed(option_values(argv, "--config")), str(DEFAULTS)]:  # the last file given wins
+        try:
+            if key not in flat_config(yaml.safe_load(Path(path).read_text())):
+                continue
+        except (OSError, yaml.YAMLError):
+            continue
+        if not owner:  # the CLI's options: full names
+            return f"{path}: {key} is not an option", difflib.get_close_matches(key, names, n=1)
+        within, _, leaf = key.rpartition(".")
+        near = [f"{within}.{name}" for name in difflib.get_close_matches(leaf, names, n=1)]
+        return f"{path}: {key} is not an option of {owner.rpartition('.')[2]}", near
+    return "", []
+
+
 _parsed_args: list[str] = []  # what ProjectCLI is parsing now
 
 
@@ -235,8 +296,11 @@ class ProjectParser(LightningArgumentParser):
             super().error(message, ex)
         parser = getattr(ex, "subcommand_parser", None) or self
         command = parser.prog.replace(" [options]", "")
-        message = one_line(message, _parsed_args or sys.argv[1:])
-        sys.stderr.write(f"error: {message}\n{did_you_mean(message, parser)}`{command} --help` lists the options.\n")
+        argv = _parsed_args or sys.argv[1:]
+        in_a_file, near = misspelled_config_key(message, argv, parser)
+        message = in_a_file or one_line(message, argv)
+        suggestion = f"did you mean {' / '.join(near)}?\n" if near else did_you_mean(message, parser)
+        sys.stderr.write(f"error: {message}\n{suggestion}`{command} --help` lists the options.\n")
         self.exit(2)
 
 
@@ -297,6 +361,7 @@ class ProjectCLI(CLIHooks):
 
     def parse_arguments(self, parser: LightningArgumentParser, args: Any) -> None:
         self._given = [str(a) for a in (sys.argv[1:] if args is None else args if isinstance(args, list) else [])]
+        check_text(self._given)
         global _parsed_args
         _parsed_args = self._given  # for the parsers' error messages, which see no arguments
         alone = checkpoint_alone(self._given) if args is None or isinstance(args, list) else None
@@ -311,6 +376,9 @@ class ProjectCLI(CLIHooks):
         logger_args = getattr(logger, "init_args", None)
         logger_class = logger_type(logger)
         check_tracker_installed(logger_class)
+        if subcommand != "predict":  # which writes its CSV alone
+            for folder, option in folders_written(config):
+                check_folder(folder, option)
         experiment_arg = EXPERIMENT_ARG.get(logger_class)
         if experiment_arg and logger_args.get(experiment_arg) in (None, "", "lightning_logs"):
             logger_args[experiment_arg] = run_name(config)  # the job's name, whatever the tracker

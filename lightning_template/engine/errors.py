@@ -17,6 +17,10 @@ class MissingFileError(ProjectError, FileNotFoundError):
     """A file or folder that is not where the option says."""
 
 
+class StorageError(ProjectError, OSError):
+    """A file or folder that cannot be written where the option puts it: a full disk, a folder that cannot be made."""
+
+
 class DataError(ProjectError, ValueError):
     """Data files that are not what the datamodule reads: corrupt, empty, mislabelled."""
 

@@ -44,7 +44,7 @@ from lightning.pytorch.utilities.model_helpers import is_overridden
 from lightning.pytorch.utilities.warnings import PossibleUserWarning
 from torch.nn import SyncBatchNorm
 
-from lightning_template.engine.errors import ConfigError
+from lightning_template.engine.errors import ConfigError, StorageError
 from lightning_template.engine.lightning_internals import (
     CheckpointWrites,
     batch_in_progress,
@@ -84,6 +84,7 @@ from lightning_template.engine.sampling import (
     resumable_loader,
     seed_host,
 )
+from lightning_template.engine.storage import write_checkpoints_whole
 
 
 def seed_all(seed: int) -> None:
@@ -261,6 +262,10 @@ class ResumeCheckpoint(CheckpointWrites):
         kwargs = {"filename": "last", "enable_version_counter": False, "save_on_exception": True, **kwargs}
         super().__init__(**kwargs)
 
+    def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        super().setup(trainer, pl_module, stage)
+        write_checkpoints_whole(trainer)  # a full disk or a kill while writing one leaves the previous file intact
+
     def on_load_checkpoint(self, trainer: Trainer, pl_module: LightningModule, checkpoint: dict[str, Any]) -> None:
         # The file already holds this step: a resume refused at start must not overwrite it.
         mark_saved_at(self, checkpoint["global_step"])
@@ -291,8 +296,9 @@ class ResumeCheckpoint(CheckpointWrites):
         super().write_checkpoint(trainer, filepath)
 
     def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
-        # Nothing trained, or a setting refused (the run is started again with the fix): nothing to resume.
-        if trainer.global_step == 0 or isinstance(exception, ConfigError):
+        # Nothing trained, or a setting refused (the run is started again with the fix): nothing to resume. A checkpoint
+        # that could not be written (a full disk): another would fail the same way, or record the one not written.
+        if trainer.global_step == 0 or isinstance(exception, (ConfigError, StorageError)):
             return
         # A save failing here (the full disk that failed the run) must not escape: Lightning would skip its teardown
         # and leave its SIGTERM handler installed, catching the signals meant for whatever the process runs next.

@@ -78,6 +78,7 @@ def check_tracker_installed(logger_class: str) -> None:
 
 
 FOLDER_LOGGERS = {"TensorBoardLogger", "CSVLogger"}  # a run is a version folder, whichever of them wrote it
+SAVE_DIR_LOGGERS = {*FOLDER_LOGGERS, "WandbLogger"}  # those that write in their `save_dir` (MLflow: its store's)
 
 
 def can_continue(logger_class: str, runs: dict[str, str]) -> bool:
@@ -106,6 +107,15 @@ def experiment_dir(config: Any) -> Path | None:
         experiment = mlflow.MlflowClient(init_args.get("tracking_uri")).get_experiment_by_name(name)
         return None if experiment is None else root / experiment.experiment_id
     return None
+
+
+def folders_written(config: Any) -> list[tuple[Path, str]]:
+    """The folders a run writes its logs and checkpoints in that an option names: (folder, the option)."""
+    logger, default_root_dir = config.trainer.get("logger"), config.trainer.get("default_root_dir")
+    save_dir = getattr(logger, "init_args", {}).get("save_dir")
+    named = [(save_dir, "--trainer.logger.init_args.save_dir")] if logger_type(logger) in SAVE_DIR_LOGGERS else []
+    named.append((default_root_dir, "--trainer.default_root_dir"))
+    return [(Path(folder), option) for folder, option in named if folder]
 
 
 class SaveConfigToRun(SaveConfigCallback):
