@@ -24,6 +24,9 @@ export MALLOC_TRIM_THRESHOLD_ ?= 1073741824
 # extra:timm
 .PHONY: transfer-timm
 # /extra:timm
+# extra:hf
+.PHONY: hf-pretrain
+# /extra:hf
 # extra:search
 .PHONY: tune seeds
 # /extra:search
@@ -234,6 +237,13 @@ transfer-timm: data $(VENV)/.installed-timm
 	$(BIN)/python train.py fit --config configs/resnet_fmnist_small.yaml $(TIMM) \
 		--trainer.logger.init_args.name timm_$(BACKBONE)_fmnist_scratch $(ARGS)
 # /extra:timm
+# extra:hf
+
+# A small BERT pretrained here by masked-language modelling on the fortunes (configs/hf_pretrain.yaml), written into
+# models/fortunes-bert: the encoder `make train CONFIG=configs/hf_fortunes.yaml` fine-tunes.
+hf-pretrain: text-data $(VENV)/.installed-hf
+	$(BIN)/python train.py fit --config configs/hf_pretrain.yaml $(ARGS)
+# /extra:hf
 
 # Real text: Debian's fortunes, or the folder FORTUNES_DIR names.
 fortunes: install

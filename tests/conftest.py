@@ -263,6 +263,9 @@ def offline_flags(config: str, inputs: dict[str, Path], request: pytest.FixtureR
         flags.append(f"--model.init_args.weights={saved_by_timm(backbone, inputs['root'])}")
     # /extra:timm
     # extra:hf
+    if "MaskedTextDataModule" in text:
+        texts = request.getfixturevalue("fortunes_dir")
+        flags += [f"--data.init_args.{s}_file={texts / f'{s}.jsonl'}" for s in ("train", "val")]
     if "HFTextDataModule" in text:  # a tiny encoder saved here, in place of the one `make hf-pretrain` writes
         from tests.hf_models.encoders import saved_encoder
 

@@ -37,6 +37,10 @@ HEAVY_JOBS = [
     # extra:timm
     "timm_finetune.yaml",
     # /extra:timm
+    # extra:hf
+    "hf_fortunes.yaml",
+    "hf_pretrain.yaml",
+    # /extra:hf
 ]
 SHARED = ("logger", "ModelCheckpoint", "EarlyStopping", "LearningRateMonitor", "save_dir", "seed_everything")
 

@@ -62,5 +62,6 @@ class HFTextDataModule(TextClassificationDataModule):
         self.max_length = state_dict["max_length"]
 
     def serving_spec(self) -> dict[str, Any]:
-        """The classes and length; the serving extra reads only its own tokenizer's texts (kind `text`) for now."""
+        """The classes and the length, of kind `hf_text`: what reads the project's own tokenizer (kind `text`) refuses
+        it rather than tokenize otherwise than training did."""
         return {"kind": "hf_text", "class_names": list(self.class_names), "max_length": self.max_length}

@@ -15,37 +15,27 @@ TEXTS = [
 
 
 def _tokenizer(family: str, texts: list[str]):
-    """A WordPiece tokenizer (BERT's special tokens) or a byte-level BPE one (RoBERTa's), trained on `texts`."""
-    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
+    """The project's WordPiece tokenizer (BERT's special tokens), or a byte-level BPE one (RoBERTa's) trained on
+    `texts`."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
     from transformers import PreTrainedTokenizerFast
 
-    if family == "roberta":
-        specials = {"pad_token": "<pad>", "bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>",
-                    "cls_token": "<s>", "sep_token": "</s>", "mask_token": "<mask>"}  # fmt: skip
-        tokenizer = Tokenizer(models.BPE(unk_token="<unk>"))
-        tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=True)
-        tokenizer.decoder = decoders.ByteLevel()
-        order = ["<s>", "<pad>", "</s>", "<unk>", "<mask>"]  # RoBERTa's ids: padding is 1
-        trainer = trainers.BpeTrainer(
-            vocab_size=300, special_tokens=order, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
-        )
-        first, last = "<s>", "</s>"
-    else:
-        specials = {"pad_token": "[PAD]", "unk_token": "[UNK]", "cls_token": "[CLS]", "sep_token": "[SEP]",
-                    "mask_token": "[MASK]"}  # fmt: skip
-        tokenizer = Tokenizer(models.WordPiece(unk_token="[UNK]"))
-        tokenizer.normalizer = normalizers.BertNormalizer(lowercase=True)
-        tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
-        tokenizer.decoder = decoders.WordPiece()
-        order = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
-        trainer = trainers.WordPieceTrainer(vocab_size=200, special_tokens=order)
-        first, last = "[CLS]", "[SEP]"
-    tokenizer.train_from_iterator(texts, trainer)
-    ids = {token: tokenizer.token_to_id(token) for token in (first, last)}
-    tokenizer.post_processor = processors.TemplateProcessing(
-        single=f"{first} $A {last}", special_tokens=list(ids.items())
+    from lightning_template.hf_models.pretraining import train_wordpiece
+
+    if family != "roberta":
+        return train_wordpiece(texts, 200)
+    order = ["<s>", "<pad>", "</s>", "<unk>", "<mask>"]  # RoBERTa's ids: padding is 1
+    tokenizer = Tokenizer(models.BPE(unk_token="<unk>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=True)
+    tokenizer.decoder = decoders.ByteLevel()
+    alphabet = pre_tokenizers.ByteLevel.alphabet()
+    tokenizer.train_from_iterator(
+        texts, trainers.BpeTrainer(vocab_size=300, special_tokens=order, initial_alphabet=alphabet)
     )
-    return PreTrainedTokenizerFast(tokenizer_object=tokenizer, **specials)
+    ends = [(token, tokenizer.token_to_id(token)) for token in ("<s>", "</s>")]
+    tokenizer.post_processor = processors.TemplateProcessing(single="<s> $A </s>", special_tokens=ends)
+    specials = dict(zip(["bos_token", "pad_token", "eos_token", "unk_token", "mask_token"], order, strict=True))
+    return PreTrainedTokenizerFast(tokenizer_object=tokenizer, cls_token="<s>", sep_token="</s>", **specials)
 
 
 def saved_encoder(family: str, folder: Path, texts: list[str] | None = None) -> Path:

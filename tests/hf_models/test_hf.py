@@ -20,7 +20,7 @@ from lightning import Trainer, seed_everything
 from lightning_template.engine import ExactResume, ResumeCheckpoint
 from lightning_template.engine.cli import ProjectCLI
 from lightning_template.engine.errors import ProjectError
-from lightning_template.hf_models import HFClassifier, HFTextDataModule
+from lightning_template.hf_models import HFClassifier, HFTextDataModule, MaskedLMPretraining, MaskedTextDataModule
 from lightning_template.tasks.classification import TwoStageFinetuning
 from lightning_template.tasks.classification.models.pretrained import PROXY_VARIABLES
 
@@ -207,3 +207,36 @@ def test_a_checkpoint_carries_the_tokenizer_and_the_encoder_configuration(encode
     model = HFClassifier(backbone=str(encoder), num_classes=3)
     again = HFClassifier(backbone="elsewhere", encoder=model.hparams.encoder, weights=None, num_classes=3)
     assert again.state_dict().keys() == model.state_dict().keys() and again.net.pooling == "cls"
+
+
+def pretrain(texts: Path, directory: Path, *callbacks: Any, ckpt_path: Path | None = None):
+    files = {f"{split}_file": str(texts / f"{split}.jsonl") for split in ("train", "val")}
+    datamodule = MaskedTextDataModule(max_vocab=200, max_length=32, batch_size=8, **files)
+    seed_everything(3)
+    model = MaskedLMPretraining(
+        encoder_dir=str(directory / "encoder"), vocab_size=datamodule.vocab_size, pad_id=datamodule.pad_id,
+        max_length=32, hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64,
+    )  # fmt: skip
+    trainer = Trainer(
+        max_epochs=2, limit_train_batches=3, limit_val_batches=1, logger=False, enable_progress_bar=False,
+        enable_model_summary=False, deterministic=True, num_sanity_val_steps=0,
+        callbacks=[ExactResume(), ResumeCheckpoint(dirpath=directory), *callbacks],
+    )  # fmt: skip
+    trainer.fit(model, datamodule=datamodule, ckpt_path=ckpt_path)
+    return model
+
+
+@pytest.mark.slow
+def test_pretraining_resumes_exactly_and_writes_the_encoder_the_classifier_takes(texts: Path, tmp_path: Path) -> None:
+    full = pretrain(texts, tmp_path / "full")
+    directory = tmp_path / "stopped"
+    with contextlib.suppress(SystemExit):  # Lightning's graceful stop
+        pretrain(texts, directory, SignalAtBatch(1, 1, signal.SIGTERM))
+    resumed = pretrain(texts, directory, ckpt_path=directory / "last.ckpt")
+    assert same_state(full.state_dict(), resumed.state_dict())
+    folder = tmp_path / "full" / "encoder"
+    classifier = HFClassifier(backbone=str(folder), num_classes=3, max_length=32)
+    encoder, pretrained = classifier.net.encoder.state_dict(), full.model.bert.state_dict()
+    assert encoder.keys() <= pretrained.keys() and all(torch.equal(encoder[k], pretrained[k]) for k in encoder)
+    tokenizer = HFTextDataModule(tokenizer=str(folder)).build_tokenizer()
+    assert tokenizer.encode("Computers are fast.", 32)[0] == tokenizer.tokenizer.cls_token_id

@@ -42,13 +42,18 @@ from tests.template.projects import (
     text_of,
 )
 
-# (a) the core alone, the package name derived from the project's; (b) every extra, a longer name.
+# (a) the core alone, the package name derived from the project's; (b) every extra, a longer name; (c) the hf extra
+# alone, on text.
 CORE = {"project_name": "Zeta Vision", "extras": [], "data": "fashion_mnist"}
 FULL = {
     "project_name": "ACME Research", "package_name": "acme_imaging_experiments", "extras": sorted(EXTRAS),
     "data": "text_files",
 }  # fmt: skip
-CASES = {"core": (CORE, "zeta_vision", "zeta-vision"), "full": (FULL, "acme_imaging_experiments", "acme-research")}
+HF = {"project_name": "Ticket Triage", "extras": ["hf"], "data": "text_files"}
+CASES = {
+    "core": (CORE, "zeta_vision", "zeta-vision"), "full": (FULL, "acme_imaging_experiments", "acme-research"),
+    "hf": (HF, "ticket_triage", "ticket-triage"),
+}  # fmt: skip
 
 
 @pytest.fixture(scope="session")
@@ -508,8 +513,9 @@ def test_a_lock_that_no_longer_matches_pyproject_stops_make_before_installing(te
 
 
 @pytest.mark.slow
-# The core project in every run; the one with every extra (its tests are the template's own) in `make matrix`.
-@pytest.mark.parametrize("case", ["core", pytest.param("full", marks=pytest.mark.matrix)])
+# The core project and the hf extra's in every run; the one with every extra (its tests are the template's own) in
+# `make matrix`.
+@pytest.mark.parametrize("case", ["core", "hf", pytest.param("full", marks=pytest.mark.matrix)])
 def test_a_generated_project_installs_lints_and_passes_its_tests(case: str, template: Path, tmp_path: Path) -> None:
     """The project's own `make` targets, as its README says to run them: `make test`, `make lint`, `make docs`,
     `make hooks` and a commit through its hooks without the venv activated, `make train` (short). Its venv gets

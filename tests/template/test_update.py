@@ -156,6 +156,22 @@ def test_an_update_that_swaps_extras_leaves_a_lock_of_the_projects_new_groups(te
 
 
 @pytest.mark.slow
+def test_the_hf_extra_is_added_and_removed_with_its_packages(template: Path, tmp_path: Path) -> None:
+    project = committed_project(template, tmp_path / "project", {"project_name": "Leaf", "extras": []})
+    assert 'name = "transformers"' not in (project / "uv.lock").read_text()
+    status, output = update(project, "-d", "extras=[hf]")
+    assert status == 0, output[-3000:]
+    for path in ("leaf/hf_models/model.py", "tests/hf_models/test_hf.py", "configs/hf_fortunes.yaml"):
+        assert (project / path).is_file(), path
+    assert 'name = "peft"' in (project / "uv.lock").read_text() and "hf_fortunes" in (project / "Makefile").read_text()
+    commit_all(project, "the hf extra")
+    status, output = update(project, "-d", "extras=[]")
+    assert status == 0, output[-3000:]
+    assert not (project / "leaf/hf_models").exists() and not (project / "tests/hf_models").exists()
+    assert 'name = "peft"' not in (project / "uv.lock").read_text() and "hf_" not in (project / "Makefile").read_text()
+
+
+@pytest.mark.slow
 def test_a_line_changed_by_both_the_owner_and_the_template_is_named_with_the_way_to_finish(
     template: Path, tmp_path: Path
 ) -> None:
