@@ -494,9 +494,9 @@ def add_datamodule_hook(cli: LightningCLI, after: Callable[[LightningDataModule]
 def datamodules_named_by_class() -> Iterator[None]:
     """While LightningCLI builds the classes: a datamodule's `str()` is its class name.
 
-    jsonargparse formats the datamodule into a debug message for every linked fact it lacks (engine/cli.py's
-    DATA_FACTS), and Lightning's `LightningDataModule.__str__` calls each of its `*_dataloader` methods to describe
-    them, before `setup`, and fails on a dict of training loaders."""
+    jsonargparse formats the datamodule into a debug message for every linked fact it lacks (engine/facts.py),
+    and Lightning's `LightningDataModule.__str__` calls each of its `*_dataloader` methods to describe them, before
+    `setup`, and fails on a dict of training loaders."""
     describe = LightningDataModule.__str__
     LightningDataModule.__str__ = lambda self: type(self).__name__  # type: ignore[method-assign]
     try:
@@ -545,10 +545,26 @@ def _call_callback_hooks(
     return None
 
 
+class IdleHooksSkipped(Callback):
+    """The dispatch above for one run of its trainer (`fit`, `validate`, `test`, `predict`): installed at the run's
+    `setup`, Lightning's own back at its `teardown` or where it raises. Nothing after the run sees it; a trainer
+    that runs meanwhile in the same process gets Lightning's dispatch from it (its profiler is not
+    `HooksUnprofiled`)."""
+
+    def setup(self, trainer: Trainer, pl_module: Any, stage: str) -> None:
+        call._call_callback_hooks = _call_callback_hooks
+
+    def teardown(self, trainer: Trainer, pl_module: Any, stage: str) -> None:
+        call._call_callback_hooks = _call_every_callback_hook
+
+    def on_exception(self, trainer: Trainer, pl_module: Any, exception: BaseException) -> None:
+        call._call_callback_hooks = _call_every_callback_hook
+
+
 def skip_idle_hooks(trainer: Trainer) -> None:
     """Where the run chose no profiler (Lightning's default, which records nothing), hook calls that cost what the
-    hooks themselves cost: `--trainer.profiler simple` keeps Lightning's profiler and its dispatch. Installed for
-    the process; a Trainer with any other profiler is served by Lightning's own dispatch."""
+    hooks themselves cost: `--trainer.profiler simple` keeps Lightning's profiler and its dispatch. For the runs of
+    this trainer only (`IdleHooksSkipped`)."""
     if type(trainer.profiler) is PassThroughProfiler:
         trainer.profiler = HooksUnprofiled()
-        call._call_callback_hooks = _call_callback_hooks
+        trainer.callbacks.append(IdleHooksSkipped())
