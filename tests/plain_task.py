@@ -30,8 +30,8 @@ def read_images(split: str, count: int) -> torch.Tensor:
 
 
 class InkDataset(Dataset):
-    def __init__(self, images: torch.Tensor, flip: bool) -> None:
-        self.images, self.flip = images.float() / 255, flip
+    def __init__(self, images: torch.Tensor, flip: bool, pool: int = 4) -> None:
+        self.images, self.flip, self.pool = images.float() / 255, flip, pool
 
     def __len__(self) -> int:
         return len(self.images)
@@ -40,7 +40,7 @@ class InkDataset(Dataset):
         image = self.images[index]
         if self.flip and torch.rand(()) < 0.5:
             image = image.flip(-1)
-        features = nn.functional.avg_pool2d(image[None], 4).flatten()
+        features = nn.functional.avg_pool2d(image[None], self.pool).flatten()
         return features, (image > 0.5).float().mean()[None]
 
 
@@ -55,17 +55,24 @@ class InkStream(IterableDataset):
 
 
 class RegressionData(LightningDataModule):
+    # What the model is told about the data, by the data: train.py passes it to Regressor's `num_features`.
+    model_facts = ("num_features",)
+
     def __init__(
         self, batch_size: int = 32, num_workers: int = 0, drop_last: bool = False, shuffle: bool = True,
-        stream: bool = False, train_size: int = 1000,
+        stream: bool = False, train_size: int = 1000, pool: int = 4,
     ) -> None:  # fmt: skip
         super().__init__()
         self.batch_size, self.num_workers, self.drop_last, self.shuffle = batch_size, num_workers, drop_last, shuffle
-        self.stream, self.train_size = stream, train_size
+        self.stream, self.train_size, self.pool = stream, train_size, pool
+
+    @property
+    def num_features(self) -> int:
+        return (28 // self.pool) ** 2  # the image pooled in squares of `pool` pixels
 
     def setup(self, stage: str) -> None:
-        self.train = InkDataset(read_images("train", self.train_size), flip=True)
-        self.val = InkDataset(read_images("t10k", 256), flip=False)
+        self.train = InkDataset(read_images("train", self.train_size), flip=True, pool=self.pool)
+        self.val = InkDataset(read_images("t10k", 256), flip=False, pool=self.pool)
 
     def train_dataloader(self) -> DataLoader:
         if self.stream:
@@ -85,6 +92,7 @@ class RegressionData(LightningDataModule):
 class Regressor(LightningModule):
     def __init__(
         self,
+        num_features: int = 49,
         hidden: int = 32,
         lr: float = 0.01,
         dropout: float = 0.1,
@@ -93,7 +101,7 @@ class Regressor(LightningModule):
     ) -> None:
         super().__init__()
         self.save_hyperparameters()
-        self.net = nn.Sequential(nn.Linear(49, hidden), nn.ReLU(), nn.Dropout(dropout), nn.Linear(hidden, 1))
+        self.net = nn.Sequential(nn.Linear(num_features, hidden), nn.ReLU(), nn.Dropout(dropout), nn.Linear(hidden, 1))
 
     def forward(self, features: torch.Tensor) -> torch.Tensor:
         return self.net(features)

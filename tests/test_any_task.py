@@ -24,10 +24,12 @@ from torch.utils.data import DataLoader
 
 from lightning_template.engine.cli import ProjectCLI
 from lightning_template.engine.errors import ConfigError, MissingFileError
+from lightning_template.engine.facts import check_facts_reached_the_model
 from lightning_template.engine.predictions import CSVPredictionWriter
 
 from tests.conftest import last_checkpoint, sigterm_at, train_process
 from tests.helpers import same_state
+from tests.plain_task import RegressionData, Regressor
 
 PLAIN = ["--model=tests.plain_task.Regressor", "--data=tests.plain_task.RegressionData"]
 SHORT = [
@@ -479,3 +481,23 @@ def test_a_prediction_of_no_rows_or_no_batches_leaves_no_file_and_says_so(tmp_pa
     trainer.predict(BoringModel(), DataLoader(RandomDataset(32, 0), batch_size=4))  # no batch: Lightning skips the loop
     assert not output.exists()
     assert said in capsys.readouterr().out
+
+
+def test_a_datamodule_hands_the_facts_it_declares_to_the_model_with_no_engine_edit(tmp_path, monkeypatch) -> None:
+    """RegressionData declares `num_features` (its `model_facts`), which its `pool` decides: Regressor is built
+    with it, never told twice; a fact that could not reach the model is refused rather than left at its default."""
+    monkeypatch.chdir(tmp_path)
+    cli = ProjectCLI(args=[*PLAIN, "--data.pool=7", "--trainer.max_steps=2", "--trainer.limit_val_batches=1",
+                           "--trainer.logger=false", "--trainer.enable_progress_bar=false"], run=False)  # fmt: skip
+    assert cli.model.hparams.num_features == cli.model.net[0].in_features == cli.datamodule.num_features == 16
+    cli.trainer.fit(cli.model, datamodule=cli.datamodule)
+    assert cli.trainer.global_step == 2
+    with pytest.raises(ConfigError, match=r"RegressionData hands num_features=16 to the model, which was built with 49:"
+                       r".* \(--data tests\.plain_task\.RegressionData\)"):  # fmt: skip
+        check_facts_reached_the_model(RegressionData(pool=7), Regressor(), linked=())
+
+
+@pytest.mark.slow
+def test_a_datamodule_named_by_its_path_in_a_fresh_process_hands_its_facts_to_the_model(tmp_path: Path) -> None:
+    train_process(["fit", *PLAIN, *SHORT, "--data.pool=7", "--trainer.max_steps=2"], tmp_path)
+    assert last_checkpoint(tmp_path)["hyper_parameters"]["num_features"] == 16

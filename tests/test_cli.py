@@ -16,7 +16,7 @@ from jsonargparse import ArgumentParser, Namespace
 from lightning.pytorch.callbacks import LearningRateMonitor
 
 from lightning_template.engine import ExactResume, FiniteLossGuard, ResumeCheckpoint
-from lightning_template.engine.cli import DATA_FACTS, ProjectCLI, main, named_subcommand
+from lightning_template.engine.cli import ProjectCLI, main, named_subcommand
 from lightning_template.engine.errors import ConfigError, MissingFileError, StorageError
 from lightning_template.engine.monitor import EarlyStop
 from lightning_template.script_args import parse_known, script_parser
@@ -63,7 +63,7 @@ def test_every_job_config_is_a_short_delta_that_trains_a_few_steps(
     args = ["--config", str(config), *flags, "--trainer.fast_dev_run=2", "--data.batch_size=8"]
     cli = ProjectCLI(args=args, run=False)
     # facts of the data are linked into the model, not typed twice
-    linked = [name for name in DATA_FACTS if hasattr(cli.datamodule, name) and name in cli.model.hparams]
+    linked = [name for name in cli.datamodule.model_facts if name in cli.model.hparams]
     assert linked and all(cli.model.hparams[name] == getattr(cli.datamodule, name) for name in linked)
     types = {type(c) for c in cli.trainer.callbacks}
     assert {ExactResume, ResumeCheckpoint, FiniteLossGuard, LearningRateMonitor, EarlyStop} <= types

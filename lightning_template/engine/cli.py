@@ -50,6 +50,7 @@ from lightning_template.engine.checkpoint import (
 from lightning_template.engine.console import progress_bar, quiet_library_noise
 from lightning_template.engine.epoch_metrics import EpochMetrics
 from lightning_template.engine.errors import ConfigError, MissingFileError, ProjectError
+from lightning_template.engine.facts import check_facts_reached_the_model, declared_facts, import_named_datamodule
 from lightning_template.engine.finite_loss import FiniteLossGuard
 from lightning_template.engine.lightning_internals import (
     CLIHooks,
@@ -88,9 +89,6 @@ ROOT = Path(__file__).resolve().parents[2]  # the project: configs/ and the scri
 DEFAULTS = ROOT / "configs" / "defaults.yaml"
 SUBCOMMANDS = ("fit", "validate", "test", "predict")
 TASKS = "lightning_template.tasks"  # its subpackages' classes can be named without their module
-# Facts about the data, stated once by the datamodule and passed to the model's argument of the same name (when
-# both have it): `num_classes` is never typed twice. Add your datamodule's facts here.
-DATA_FACTS = ("num_classes", "input_shape", "vocab_size", "pad_id", "max_length")
 
 
 def installed_callbacks() -> list[Any]:
@@ -307,6 +305,10 @@ class ProjectParser(LightningArgumentParser):
 class ProjectCLI(CLIHooks):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         import_tasks()  # imported, the tasks' classes can be named alone: `--model SimpleCNN`
+        given = sys.argv[1:] if kwargs.get("args") is None else kwargs["args"]
+        if isinstance(given, list):
+            import_named_datamodule([str(arg) for arg in given])
+        self.data_facts = declared_facts()  # linked from the datamodule into the model (engine/facts.py)
         quiet_library_noise()
         # default_env: every option can also be set from the environment, e.g. PL_FIT__TRAINER__MAX_EPOCHS=3.
         defaults = {"default_config_files": [str(DEFAULTS)], "default_env": True}
@@ -315,7 +317,7 @@ class ProjectCLI(CLIHooks):
         if kwargs.get("run", True):
             # A parser per subcommand reads every class's signature again: build only the one asked for (all of
             # them where none is named yet: `train.py --help`, a misspelled one).
-            chosen = named_subcommand(sys.argv[1:] if kwargs.get("args") is None else kwargs["args"])
+            chosen = named_subcommand(given)
             self._subcommands = tuple(s for s in SUBCOMMANDS if chosen in (None, s) or s in parser_kwargs)
             parser_kwargs.setdefault("default_env", True)
             for subcommand in self._subcommands:
@@ -338,7 +340,7 @@ class ProjectCLI(CLIHooks):
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         # Links whose source or target a class lacks are skipped (image data has no vocabulary).
-        for name in DATA_FACTS:
+        for name in self.data_facts:
             parser.link_arguments(f"data.{name}", f"model.init_args.{name}", apply_on="instantiate")
         parser.add_lightning_class_args(BestCheckpoint, "checkpoint")  # the best epoch; see configs/defaults.yaml
         parser.add_lightning_class_args(EarlyStop, "early_stopping")
@@ -439,8 +441,10 @@ class ProjectCLI(CLIHooks):
             restore_datamodule(self, self.run_checkpoint, self._given, datamodule)
 
     def after_instantiate_classes(self) -> None:
+        if self.datamodule is not None and self.model is not None:
+            check_facts_reached_the_model(self.datamodule, self.model, self.data_facts)
         if self.run_checkpoint is not None and self.model is not None:
-            check_model_fits(self.run_checkpoint, self.model, DATA_FACTS)
+            check_model_fits(self.run_checkpoint, self.model, self.data_facts)
 
     def _evaluate_only(self) -> None:
         # Checkpoint callbacks write nothing outside `fit`; restoring their state from the checkpoint would only warn

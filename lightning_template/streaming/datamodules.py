@@ -272,6 +272,7 @@ class StreamingDataModule(SplitLoaders, LightningDataModule):
 
 class StreamingImageDataModule(DeviceImageTransforms, StreamingDataModule):
     kind = "image"
+    model_facts = ("num_classes", "input_shape")  # handed to the model's arguments of these names (train.py)
     collate = staticmethod(default_collate)
     # One item at a time: LitData's default decodes windows of neighbours, which a shuffled read of
     # large image arrays mostly throws away (measured: 440 -> 6,500 images/s for 256 px raw chunks).
@@ -318,6 +319,7 @@ class StreamingImageDataModule(DeviceImageTransforms, StreamingDataModule):
 
 class StreamingTextDataModule(StreamingDataModule):
     kind = "text"
+    model_facts = ("num_classes", "vocab_size", "pad_id", "max_length")  # handed to the model (train.py)
 
     def __init__(
         self,

@@ -98,6 +98,8 @@ def prompt_batch(samples: list[Prompt]) -> list[Prompt]:
 
 
 class FortunesDataModule(LightningDataModule):
+    model_facts = ("vocab_size", "max_length")  # handed to the model's arguments of these names (train.py)
+
     def __init__(
         self,
         corpus_dir: str = FORTUNES_DIR,
@@ -169,7 +171,7 @@ class FortunesDataModule(LightningDataModule):
             self._characters_per_token[split] = self.vocabulary.characters(targets) / len(targets)
         return self._characters_per_token[split]
 
-    # Facts linked into the model (engine/cli.py: DATA_FACTS).
+    # Facts handed to the model (model_facts).
     @property
     def vocab_size(self) -> int:
         return len(self.vocabulary)

@@ -3,7 +3,7 @@
 Every datamodule is a `ClassificationData`; image datamodules add `input_shape`, text
 datamodules `vocab_size`, `pad_id` and `max_length`. Each of these is available right after
 `__init__` and is passed to the model argument of the same name, if the model has one
-(`MODEL_LINKS`): facts about the data are stated once, by the data.
+(the datamodule's `model_facts`): facts about the data are stated once, by the data.
 
 A datamodule that learns something from its training files at construction (a vocabulary)
 takes `state_from_checkpoint`: train.py sets it to `--ckpt_path`, so evaluating or predicting
@@ -15,7 +15,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Protocol, runtime_checkable
 
-MODEL_LINKS = ("num_classes", "input_shape", "vocab_size", "pad_id", "max_length")
 CHECKPOINT_STATE_ARG = "state_from_checkpoint"
 
 

@@ -117,6 +117,8 @@ def collate_skipping_none(batch: list[Any]) -> Any:
 
 
 class ImageFolderDataModule(DeviceImageTransforms, SplitLoaders, LightningDataModule):
+    model_facts = ("num_classes", "input_shape")  # handed to the model's arguments of these names (train.py)
+
     def __init__(
         self,
         root: str = "data/images",

@@ -130,6 +130,7 @@ class InMemoryImageDataModule(DeviceImageTransforms, SplitLoaders, LightningData
     mean: tuple[float, ...] = (0.5,)
     std: tuple[float, ...] = (0.5,)
     input_shape: tuple[int, int, int]
+    model_facts = ("num_classes", "input_shape")  # handed to the model's arguments of these names (train.py)
     all_class_names: tuple[str, ...]
 
     def __init__(

@@ -176,6 +176,8 @@ class BucketSampler(EpochSampler):
 
 
 class TextClassificationDataModule(SplitLoaders, LightningDataModule):
+    model_facts = ("num_classes", "vocab_size", "pad_id", "max_length")  # handed to the model (train.py)
+
     def __init__(
         self,
         train_file: str | None = None,
