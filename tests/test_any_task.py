@@ -393,9 +393,12 @@ def test_best_and_last_are_found_in_the_runs_of_the_job_for_every_command(tmp_pa
 
 
 @pytest.mark.slow
-def test_a_run_continued_from_an_earlier_checkpoint_goes_on_in_a_new_run(tmp_path: Path, monkeypatch, caplog):
+def test_a_run_continued_from_an_earlier_checkpoint_goes_on_in_a_new_run(
+    tmp_path: Path, monkeypatch, caplog, recwarn
+) -> None:
     """A learning rate of 0: epoch 1 stays the best of 3. Continued from it, the run's later epochs are not written or
-    logged again in its folder: a new run, said in one line."""
+    logged again in its folder: a new run, said in one line (not again by Lightning's warning that the checkpoints'
+    folder changed)."""
     monkeypatch.chdir(tmp_path)
     args = ["fit", *PLAIN, *SHORT, "--data.train_size=64", "--model.lr=0", "--trainer.max_epochs=3"]
     ProjectCLI(args=args)
@@ -410,6 +413,7 @@ def test_a_run_continued_from_an_earlier_checkpoint_goes_on_in_a_new_run(tmp_pat
     assert f"--ckpt_path {best} is step 2 of {run}, which went on to step 6: continuing from it in a new run" in (
         caplog.text
     )
+    assert not [w for w in recwarn if "dirpath has changed" in str(w.message)]
 
 
 @pytest.mark.slow

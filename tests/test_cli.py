@@ -426,6 +426,18 @@ def test_a_folder_name_that_is_not_utf8_or_a_folder_given_as_checkpoint_is_one_l
             ProjectCLI(args=["validate", f"--ckpt_path={folder}"])
 
 
+def test_ckpt_path_is_explained_as_this_project_reads_it(capsys) -> None:
+    """`--help` of `fit` and of `test` says what `--ckpt_path` takes here (`last`, `best`, a checkpoint alone), not
+    Lightning's text about its model registry."""
+    fit, evaluate = "`last` (the newest run of the job, exactly where it stopped)", "`last` or `best` (of the job's"
+    for subcommand, said in (("fit", fit), ("test", evaluate)):
+        with pytest.raises(SystemExit):
+            ProjectCLI(args=[subcommand, "--help"])
+        text = " ".join(capsys.readouterr().out.split())  # the help's lines joined again
+        assert said in text
+        assert "Lightning Model Registry" not in text and "special keywords" not in text
+
+
 def test_a_command_builds_the_parser_of_its_subcommand_alone_and_help_still_lists_them_all(monkeypatch, capsys):
     config = ["--config", str(ROOT / "configs/simple_cnn.yaml")]
     built: list[list[str]] = []

@@ -220,6 +220,8 @@ def _continue_its_run(config: Any, found: RunCheckpoint, dump_fit_config: Callab
             f"--ckpt_path {found.path} is step {found.global_step} of {run}, which went on to step {went_on}:"
             f" continuing from it in a new run ({run} stays as it is)."
         )
+        # Said here: Lightning's warning that the best checkpoint's folder changed would say it again, as a fault.
+        warnings.filterwarnings("ignore", "The dirpath has changed from", UserWarning)
         return
     _check_same_data(config, found, run, dump_fit_config)
     logger.init_args[RUN_ARG[logger_class]] = found.tracker_runs.get(logger_class) or run.name

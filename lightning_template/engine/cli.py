@@ -282,11 +282,31 @@ def named_subcommand(args: Any) -> str | None:
     return None
 
 
+# What `--ckpt_path` takes here (Lightning's own help names its model registry and `hpc`, and not what `best` means).
+CKPT_PATH_HELP = {
+    "fit": "A checkpoint to continue from: its file (one of a run's checkpoints continues that run), `last` (the"
+    " newest run of the job, exactly where it stopped) or `best` (the best-epoch checkpoint of the job's newest run"
+    " that has one); a requeued SLURM job finds its own.",
+    "evaluate": "The checkpoint to evaluate: its file (alone, without --config: the model and data it was trained"
+    " with), `last` or `best` (of the job's newest run that has one).",
+}
+
+
 class ProjectParser(LightningArgumentParser):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         # An option spelled in part is refused with the nearest full name, not read as whichever one it begins.
         kwargs.setdefault("allow_abbrev", False)
         super().__init__(*args, **kwargs)
+
+    def add_method_arguments(self, class_type: type, method_name: str, *args: Any, **kwargs: Any) -> list[str]:
+        """A subcommand's arguments, as Lightning's CLI adds them, with this project's help for `--ckpt_path`."""
+        if method_name not in SUBCOMMANDS:
+            return super().add_method_arguments(class_type, method_name, *args, **kwargs)
+        kwargs["skip"] = {*(kwargs.get("skip") or ()), "ckpt_path"}
+        added = super().add_method_arguments(class_type, method_name, *args, **kwargs)
+        help_text = CKPT_PATH_HELP["fit" if method_name == "fit" else "evaluate"]
+        self.add_argument("--ckpt_path", type=str | None, default=None, help=help_text)
+        return [*added, "ckpt_path"]
 
     def error(self, message: str, ex: Exception | None = None) -> NoReturn:
         """The reason first, with the nearest valid name, instead of argparse's 80-line usage above it."""
