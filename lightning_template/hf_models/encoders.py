@@ -66,7 +66,7 @@ def _source(name: str, option: str) -> dict[str, Any]:
         pass
     if constants.HF_HUB_OFFLINE or not reachable(constants.ENDPOINT):
         raise MissingFileError(
-            f"{option} {name}: not a local folder, not in the Hugging Face cache ({constants.HF_HUB_CACHE}), and the"
+            f"{option} {name}: no such folder, not in the Hugging Face cache ({constants.HF_HUB_CACHE}), and the"
             f" hub cannot be reached (offline?). {_where_to_put(name)}"
         )
     return {"pretrained_model_name_or_path": name}

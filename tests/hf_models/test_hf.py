@@ -189,9 +189,7 @@ def test_what_cannot_work_is_refused_in_one_line(
     for name in PROXY_VARIABLES:
         monkeypatch.delenv(name, raising=False)
     message = refusal(lambda: HFClassifier(backbone="google-bert/bert-base-uncased"))
-    assert (
-        "--model.backbone google-bert/bert-base-uncased: not a local folder, not in the Hugging Face cache" in message
-    )
+    assert "--model.backbone google-bert/bert-base-uncased: no such folder, not in the Hugging Face cache" in message
     assert "hf download google-bert/bert-base-uncased --local-dir models/bert-base-uncased" in message
 
 
@@ -240,3 +238,35 @@ def test_pretraining_resumes_exactly_and_writes_the_encoder_the_classifier_takes
     assert encoder.keys() <= pretrained.keys() and all(torch.equal(encoder[k], pretrained[k]) for k in encoder)
     tokenizer = HFTextDataModule(tokenizer=str(folder)).build_tokenizer()
     assert tokenizer.encode("Computers are fast.", 32)[0] == tokenizer.tokenizer.cls_token_id
+
+
+@pytest.mark.parametrize(
+    ("flags", "lora", "pretrained"),
+    [
+        ([f"--config={ROOT / 'configs/presets/hf_lora.yaml'}"], 8, True),
+        (["--model.weights=null", "--trainer.callbacks=[]"], 0, False),
+    ],
+    ids=["lora", "scratch"],
+)
+def test_the_job_takes_lora_or_trains_from_scratch_in_one_flag(
+    flags: list[str], lora: int, pretrained: bool, encoders: Path, texts: Path, tmp_path: Path, monkeypatch
+) -> None:
+    """LoRA in place of two stages (configs/presets/hf_lora.yaml), and the same encoder freshly initialized."""
+    monkeypatch.chdir(tmp_path)
+    encoder = saved_encoder("bert", encoders)
+    files = [f"--data.{split}_file={texts / f'{split}.jsonl'}" for split in ("train", "val")]
+    job = [
+        f"--config={ROOT / 'configs/hf_fortunes.yaml'}",
+        f"--model.backbone={encoder}",
+        f"--data.tokenizer={encoder}",
+    ]
+    cli = ProjectCLI(args=[*job, *files, *flags, "--trainer.logger=false"], run=False)
+    assert cli.model.hparams.lora_rank == lora and not any(
+        isinstance(c, TwoStageFinetuning) for c in cli.trainer.callbacks
+    )
+    from transformers import AutoModel
+
+    saved = AutoModel.from_pretrained(encoder).state_dict()
+    weight = "embeddings.word_embeddings.weight"
+    built = {k.removeprefix("base_model.model."): v for k, v in cli.model.net.encoder.state_dict().items()}
+    assert torch.equal(built[weight], saved[weight]) is pretrained
