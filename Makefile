@@ -196,6 +196,7 @@ lint: $(VENV)/.installed-lint
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/lint-imports
+	$(BIN)/python -m tests.engine_boundary --check
 
 format: $(VENV)/.installed-lint
 	$(BIN)/ruff check --fix .

@@ -47,13 +47,18 @@ class ThawedParameterSync(Callback):
             return
         grads = [torch.zeros_like(p) if p.grad is None else p.grad for p in thawed]
         used = torch.tensor([p.grad is not None for p in thawed], dtype=grads[0].dtype, device=grads[0].device)
-        summed = torch.cat([t.reshape(-1) for t in [*grads, used]])  # one collective for all of them
-        dist.all_reduce(summed)
-        pieces = (summed / trainer.world_size).split([t.numel() for t in [*grads, used]])
-        *averaged, used = [piece.view_as(t) for piece, t in zip(pieces, [*grads, used], strict=True)]
+        *averaged, used = averaged_across_processes([*grads, used], trainer.world_size)
         for parameter, grad, anywhere in zip(thawed, averaged, used.tolist(), strict=True):
             if anywhere:
                 parameter.grad = grad
+
+
+def averaged_across_processes(tensors: list[torch.Tensor], world_size: int) -> list[torch.Tensor]:
+    """Each tensor averaged over the process group, in one collective for all of them."""
+    summed = torch.cat([t.reshape(-1) for t in tensors])
+    dist.all_reduce(summed)
+    pieces = (summed / world_size).split([t.numel() for t in tensors])
+    return [piece.view_as(t) for piece, t in zip(pieces, tensors, strict=True)]
 
 
 def leave(code: int) -> NoReturn:

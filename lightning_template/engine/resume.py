@@ -388,6 +388,20 @@ class ExactResume(Callback):
         self._epoch_setups = []
         self._gradients_pending = False
         finish_restarted_epoch(trainer)  # before what follows reads the restored loop
+        self._warn_if_loader_inexact(trainer)
+        if self._saved is None:
+            return
+        self._restore_saved_state(trainer, pl_module)
+        self._restart_loader(trainer)
+        if not restarted_mid_epoch(trainer):
+            return
+        if restored_after_last_batch(trainer):
+            self._start_after_last_batch(trainer)
+            return
+        self._continue_mid_epoch(trainer, pl_module)
+
+    def _warn_if_loader_inexact(self, trainer: Trainer) -> None:
+        """A training loader that cannot continue from the middle of an epoch, said at a run's start."""
         # Said at a run's start, and at a resume after an epoch's last batch (the next epoch starts from its start).
         between_epochs = not restarted_mid_epoch(trainer) or restored_after_last_batch(trainer)
         if self._inexact and between_epochs:
@@ -408,8 +422,9 @@ class ExactResume(Callback):
                     " it resumes exactly only if its workers draw none. With persistent_workers=False (and no generator"
                     " of the loader's own) each epoch's workers are seeded from the run's seed."
                 )
-        if self._saved is None:
-            return
+
+    def _restore_saved_state(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        """What the checkpoint's run had that Lightning does not restore, put back or said in one line each."""
         # The run never stopped writes no checkpoint twice at one step (`every_n_train_steps` wrote it, or was not due):
         # nor does this one, where the step's first micro-batches after the resume would write it again.
         for callback in trainer.checkpoint_callbacks:
@@ -432,6 +447,9 @@ class ExactResume(Callback):
                 " rank 0's, so what they compute with them (a BatchNorm's validation) is not the run never stopped."
                 " On GPUs --trainer.sync_batchnorm true keeps BatchNorm statistics the same on every process."
             )
+
+    def _restart_loader(self, trainer: Trainer) -> None:
+        """The training iterator made again, from the restored position, where Lightning made it before the restore."""
         loaded = load_train_loader_states(trainer)
         workers = getattr(trainer.train_dataloader, "num_workers", 0) > 0
         if loaded or workers:
@@ -439,11 +457,9 @@ class ExactResume(Callback):
             # steps for the schedule): its workers have already prefetched epoch 0's first indices (Lightning
             # #21938), a StatefulDataLoader started from its beginning. Start it again, from the restored position.
             restart_train_iterator(trainer)
-        if not restarted_mid_epoch(trainer):
-            return
-        if restored_after_last_batch(trainer):
-            self._start_after_last_batch(trainer)
-            return
+
+    def _continue_mid_epoch(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        """Resumed in the middle of an epoch: its next batch as in the run never stopped, or why not in one line."""
         self._epoch_setups = [callback for callback in trainer.callbacks if isinstance(callback, EPOCH_SETUPS)]
         # Lightning warns that a loader without state_dict cannot resume mid-epoch: this one continues exactly,
         # or the line below says what happens instead.
@@ -469,6 +485,12 @@ class ExactResume(Callback):
         if skips_due_validation(trainer):
             warn_skipped_validation(trainer.current_epoch, done)
             return
+        if self._warn_if_inside_accumulated_step(trainer, done):
+            return
+        rank_zero_info(f"ExactResume: continuing epoch {trainer.current_epoch} after {done} batches.")
+
+    def _warn_if_inside_accumulated_step(self, trainer: Trainer, done: int) -> bool:
+        """Resumed after `done` batches, inside an accumulated step whose first gradients no checkpoint holds: said."""
         scheduled = [c for c in self._epoch_setups if isinstance(c, GradientAccumulationScheduler)]
         accumulation = scheduled[0].get_accumulate_grad_batches(trainer.current_epoch) if scheduled else None
         accumulation = accumulation or trainer.accumulate_grad_batches
@@ -481,8 +503,8 @@ class ExactResume(Callback):
                 " checkpoint comes from a validation every N batches, N not a multiple of accumulate_grad_batches;"
                 " last.ckpt is never written there)."
             )
-            return
-        rank_zero_info(f"ExactResume: continuing epoch {trainer.current_epoch} after {done} batches.")
+            return True
+        return False
 
     def _stop_as_decided(self, trainer: Trainer) -> None:
         """Early stopping had decided to stop the run before its checkpoint was written: the resumed run has decided
