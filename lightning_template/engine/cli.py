@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 import yaml
+from jsonargparse import Namespace
 from lightning import LightningDataModule, Trainer
 from lightning.pytorch.callbacks import (
     LearningRateMonitor,
@@ -424,26 +425,24 @@ class ProjectCLI(CLIHooks):
         callbacks = self.trainer_defaults.get("callbacks", [])
         if subcommand != "fit":  # the checkpoint's callback states, which only `fit` restores, are not missed
             warnings.filterwarnings("ignore", "Be aware that when using `ckpt_path`", module="lightning.pytorch")
-        if subcommand == "predict":  # nothing to log: no run folder (the CSV is the result), no config.yaml in it
-            # A stream has no sample indices: CSVPredictionWriter numbers its rows by their place in the stream.
-            warnings.filterwarnings("ignore", "Couldn't infer the batch indices", module="lightning.pytorch")
-            config.trainer.logger = False
-            self.save_config_callback = None
-            # An earlier run's CSV goes before anything is built: a command refused while building leaves none.
-            Path(config.predictions.output_file).unlink(missing_ok=True)
-        if not config.trainer.get("logger"):  # --trainer.logger false: nothing to monitor learning rates into
-            callbacks = [c for c in callbacks if not isinstance(c, LearningRateMonitor)]
-        configured = config.trainer.get("callbacks") or []
-        classes = [getattr(c, "class_path", "") for c in configured]
-        if config.trainer.get("enable_progress_bar") is False or any(is_subclass(c, ProgressBar) for c in classes):
-            callbacks = [c for c in callbacks if not isinstance(c, ProgressBar)]  # Lightning allows one, or none
-        self.trainer_defaults["callbacks"] = callbacks
-        _keep_the_last_of_each_single_callback(configured)
+        if subcommand == "predict":
+            self._prepare_predict(config)
+        self.trainer_defaults["callbacks"] = default_callbacks_kept(config, callbacks)
+        _keep_the_last_of_each_single_callback(config.trainer.get("callbacks") or [])
         checkpoint = config.get("checkpoint")
         if checkpoint is not None and checkpoint.get("monitor") and not checkpoint.get("filename"):
             checkpoint.filename = BestCheckpoint.filename_for(checkpoint.monitor)
             checkpoint.auto_insert_metric_name = False  # the name has its metrics' names
         add_datamodule_hook(self, self._restore_datamodule)
+
+    def _prepare_predict(self, config: Namespace) -> None:
+        """Nothing to log: no run folder (the CSV is the result), no config.yaml in it."""
+        # A stream has no sample indices: CSVPredictionWriter numbers its rows by their place in the stream.
+        warnings.filterwarnings("ignore", "Couldn't infer the batch indices", module="lightning.pytorch")
+        config.trainer.logger = False
+        self.save_config_callback = None
+        # An earlier run's CSV goes before anything is built: a command refused while building leaves none.
+        Path(config.predictions.output_file).unlink(missing_ok=True)
 
     def instantiate_classes(self) -> None:
         with datamodules_named_by_class():
@@ -506,20 +505,9 @@ class ProjectCLI(CLIHooks):
     def after_fit(self) -> None:
         trainer = self.trainer
         # Read before testing: loading the best checkpoint restores the callbacks' states of that epoch.
-        lines = []
-        best = next((c for c in trainer.checkpoint_callbacks if c.monitor and c.best_model_path), None)
-        if best is not None:
-            counted = best.best_model_score is None or best.monitor in COUNTERS  # the file's name says it
-            score = "" if counted else f" ({best.monitor}={float(best.best_model_score):.4f})"
-            lines.append(f"best checkpoint: {best.best_model_path}{score}")
-        last = next((c.best_model_path for c in trainer.checkpoint_callbacks if isinstance(c, ResumeCheckpoint)), "")
-        if last and Path(last).is_file():  # a save that was refused or failed names a file never written
-            lines.append(f"last checkpoint: {last}")
-        stopped = early_stopping_decided(trainer)
-        if stopped is not None and trainer.should_stop:  # Lightning's reason, as it was when it decided
-            why = str(stopped.stopping_reason_message).removesuffix(" Signaling Trainer to stop.").rstrip(".")
-            planned = f" of {trainer.max_epochs}" if trainer.max_epochs and trainer.max_epochs > 0 else ""  # -1: none
-            lines.insert(0, f"early stopping: {why}; stopped after epoch {trainer.current_epoch}{planned}")
+        best, lines = checkpoint_lines(trainer)
+        if line := early_stopping_line(trainer):
+            lines.insert(0, line)
         if self.config.fit.test_after_fit:
             try:
                 trainer.test(self.model, datamodule=self.datamodule, ckpt_path=best.best_model_path if best else None)
@@ -527,11 +515,17 @@ class ProjectCLI(CLIHooks):
                 lines.append(f"test after fit skipped: {missing}")
         if not trainer.is_global_zero:
             return
-        logger = trainer.logger
-        if location := run_location(logger):
+        if location := run_location(trainer.logger):
             lines.append(location)
         tested = {k: float(v) for k, v in sorted(trainer.callback_metrics.items()) if k.startswith("test_")}
         lines += [f"test accuracy: {v:.4f}" if k == "test_acc" else f"{k}: {v:.4f}" for k, v in tested.items()]
+        self._log_final_metrics()
+        print("\n".join(lines), flush=True)
+
+    def _log_final_metrics(self) -> None:
+        """The run's last validation and test metrics, as `final/...`: on TensorBoard's HPARAMS tab with this run's
+        settings, in any other logger as metrics at the last step."""
+        trainer, logger = self.trainer, self.trainer.logger
         final = {f"final/{k}": float(v) for k, v in trainer.callback_metrics.items() if k.startswith(("val_", "test_"))}
         if isinstance(logger, TensorBoardLogger):  # the HPARAMS tab: this run's settings next to its results
             logger.log_hyperparams(self.model.hparams, final)
@@ -539,7 +533,41 @@ class ProjectCLI(CLIHooks):
         elif logger is not None and final:
             logger.log_metrics(final, step=trainer.global_step)
             logger.finalize("success")
-        print("\n".join(lines), flush=True)
+
+
+def checkpoint_lines(trainer: Trainer) -> tuple[ModelCheckpoint | None, list[str]]:
+    """The best checkpoint's callback (of the first that monitors a metric), and the lines naming the best and last
+    checkpoints written."""
+    lines = []
+    best = next((c for c in trainer.checkpoint_callbacks if c.monitor and c.best_model_path), None)
+    if best is not None:
+        counted = best.best_model_score is None or best.monitor in COUNTERS  # the file's name says it
+        score = "" if counted else f" ({best.monitor}={float(best.best_model_score):.4f})"
+        lines.append(f"best checkpoint: {best.best_model_path}{score}")
+    last = next((c.best_model_path for c in trainer.checkpoint_callbacks if isinstance(c, ResumeCheckpoint)), "")
+    if last and Path(last).is_file():  # a save that was refused or failed names a file never written
+        lines.append(f"last checkpoint: {last}")
+    return best, lines
+
+
+def early_stopping_line(trainer: Trainer) -> str | None:
+    """Lightning's reason, as it was when early stopping decided to stop the run."""
+    stopped = early_stopping_decided(trainer)
+    if stopped is None or not trainer.should_stop:
+        return None
+    why = str(stopped.stopping_reason_message).removesuffix(" Signaling Trainer to stop.").rstrip(".")
+    planned = f" of {trainer.max_epochs}" if trainer.max_epochs and trainer.max_epochs > 0 else ""  # -1: none
+    return f"early stopping: {why}; stopped after epoch {trainer.current_epoch}{planned}"
+
+
+def default_callbacks_kept(config: Namespace, callbacks: list[Any]) -> list[Any]:
+    """The engine's default callbacks less those the run's settings leave nothing to do or that it replaces."""
+    if not config.trainer.get("logger"):  # --trainer.logger false: nothing to monitor learning rates into
+        callbacks = [c for c in callbacks if not isinstance(c, LearningRateMonitor)]
+    classes = [getattr(c, "class_path", "") for c in config.trainer.get("callbacks") or []]
+    if config.trainer.get("enable_progress_bar") is False or any(is_subclass(c, ProgressBar) for c in classes):
+        callbacks = [c for c in callbacks if not isinstance(c, ProgressBar)]  # Lightning allows one, or none
+    return callbacks
 
 
 def _keep_the_last_of_each_single_callback(configured: list[Any]) -> None:

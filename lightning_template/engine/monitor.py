@@ -81,17 +81,19 @@ def unlogged(callback: Callback, trainer: Trainer) -> bool:
     return monitor not in trainer.callback_metrics.keys() | counters
 
 
-def refuse_per_process_monitors(trainer: Trainer) -> None:
-    """Under DDP, a value that a callback or a plateau scheduler watches must be the same in every process (logged
-    with `sync_dist=True`, a torchmetrics metric, or equal by construction): compared in one collective."""
-    if trainer.world_size == 1:
-        return
+def watched_values(trainer: Trainer) -> list[tuple[str, str]]:
+    """(the option, the metric) of each value a callback or a plateau scheduler watches."""
     watched = [(option_of(c), c.monitor) for c in trainer.callbacks if isinstance(getattr(c, "monitor", None), str)]
     if trainer.lightning_module.automatic_optimization:  # in manual optimization the module steps its schedulers
         plateaus = [c.monitor for c in trainer.lr_scheduler_configs if c.reduce_on_plateau and c.monitor]
         watched += [("the plateau scheduler's monitor", monitor) for monitor in plateaus]
-    watched = [(option, monitor) for option, monitor in watched if monitor]
-    if not watched:
+    return [(option, monitor) for option, monitor in watched if monitor]
+
+
+def refuse_per_process_monitors(trainer: Trainer) -> None:
+    """Under DDP, a value that a callback or a plateau scheduler watches must be the same in every process (logged
+    with `sync_dist=True`, a torchmetrics metric, or equal by construction): compared in one collective."""
+    if trainer.world_size == 1 or not (watched := watched_values(trainer)):
         return
     logged = trainer.callback_metrics
     mine = [float(logged[m]) if m in logged and logged[m].numel() == 1 else float("nan") for _, m in watched]
@@ -105,6 +107,16 @@ def refuse_per_process_monitors(trainer: Trainer) -> None:
                 f" processes part or wait for each other. Log it with self.log({monitor!r}, ..., sync_dist=True), or"
                 " as a torchmetrics metric (which syncs itself)."
             )
+
+
+def unlogged_monitors(trainer: Trainer) -> list[Any]:
+    """The callbacks whose monitored metric is not logged when it should be: in the sanity check, only validation's
+    metrics are known; after a validation of training, a training metric logged once an epoch is known at the
+    epoch's end, and left to a callback reading it there."""
+    missing = [callback for callback in trainer.callbacks if unlogged(callback, trainer)]
+    if trainer.sanity_checking:
+        return [c for c in missing if not c.monitor.startswith("train")]
+    return [c for c in missing if not (c.monitor.startswith("train") and reads_at_train_epoch_end(c, trainer))]
 
 
 class MonitoredMetrics(Callback):
@@ -127,18 +139,10 @@ class MonitoredMetrics(Callback):
         refuse_per_process_monitors(trainer)
         if self.checked:
             return
-        missing = [callback for callback in trainer.callbacks if unlogged(callback, trainer)]
-        if trainer.sanity_checking:  # training has not logged anything yet: only validation's metrics are known
-            if not trainer.callback_metrics:
-                return
-            missing = [c for c in missing if not c.monitor.startswith("train")]
-        else:
-            self.checked = True
-            # A training metric logged once an epoch is known at the epoch's end: left to a callback reading it there.
-            missing = [
-                c for c in missing if not (c.monitor.startswith("train") and reads_at_train_epoch_end(c, trainer))
-            ]
-        if missing:
+        if trainer.sanity_checking and not trainer.callback_metrics:  # training has not logged anything yet
+            return
+        self.checked = not trainer.sanity_checking
+        if missing := unlogged_monitors(trainer):
             monitor = missing[0].monitor
             shown = ", ".join(sorted(k for k in trainer.callback_metrics if not k.startswith("lr-"))) or "nothing"
             raise ConfigError(

@@ -224,6 +224,27 @@ def not_rebuildable(loader: Any) -> str | None:
     return None
 
 
+def continues_by_itself(loader: Any) -> bool:
+    """A `ResumesFromLoop` sampler or loader, or one with `state_dict` (which Lightning restores), but not torchdata's
+    StatefulDataLoader over a map-style dataset (see `resumable_loader`)."""
+    if any(isinstance(x, ResumesFromLoop) for x in (loader, *(getattr(loader, a, None) for a in SAMPLERS))):
+        return True
+    stateful = callable(getattr(loader, "state_dict", None)) and callable(getattr(loader, "load_state_dict", None))
+    return stateful and not (is_stateful_dataloader(loader) and not isinstance(loader.dataset, IterableDataset))
+
+
+def refuse_batch_sampler_under_ddp(loader: Any, trainer: Trainer) -> None:
+    """DataLoader(batch_sampler=BatchSampler(...)): under DDP Lightning drops the BatchSampler for its distributed
+    sampler and keeps the loader's batch_size, None, so 1."""
+    given = type(getattr(loader, "batch_sampler", None)) is BatchSampler and loader.batch_size is None
+    if given and trainer.world_size > 1 and replaces_samplers(trainer):
+        raise ConfigError(
+            "The training DataLoader takes a torch BatchSampler (batch_sampler=...): under DDP Lightning replaces"
+            " it with its distributed sampler and trains on batches of 1. Give the DataLoader batch_size= and"
+            " sampler= (or shuffle=) instead, or set --trainer.use_distributed_sampler false and shard it yourself."
+        )
+
+
 def resumable_loader(loader: Any, trainer: Trainer) -> tuple[Any, str | None]:
     """The training loader, made to continue exactly from the Trainer's position when it can be; and, when it
     cannot, why (one line).
@@ -237,20 +258,9 @@ def resumable_loader(loader: Any, trainer: Trainer) -> tuple[Any, str | None]:
     restored state starts the next epoch in another order than a run never stopped (and Lightning does not restore
     it when `configure_optimizers` reads `trainer.estimated_stepping_batches`, Lightning #20550).
     """
-    if any(isinstance(x, ResumesFromLoop) for x in (loader, *(getattr(loader, a, None) for a in SAMPLERS))):
+    if continues_by_itself(loader):
         return loader, None
-    stateful = callable(getattr(loader, "state_dict", None)) and callable(getattr(loader, "load_state_dict", None))
-    if stateful and not (is_stateful_dataloader(loader) and not isinstance(loader.dataset, IterableDataset)):
-        return loader, None
-    # DataLoader(batch_sampler=BatchSampler(...)): under DDP Lightning drops the BatchSampler for its distributed
-    # sampler and keeps the loader's batch_size, None, so 1.
-    given = type(getattr(loader, "batch_sampler", None)) is BatchSampler and loader.batch_size is None
-    if given and trainer.world_size > 1 and replaces_samplers(trainer):
-        raise ConfigError(
-            "The training DataLoader takes a torch BatchSampler (batch_sampler=...): under DDP Lightning replaces"
-            " it with its distributed sampler and trains on batches of 1. Give the DataLoader batch_size= and"
-            " sampler= (or shuffle=) instead, or set --trainer.use_distributed_sampler false and shard it yourself."
-        )
+    refuse_batch_sampler_under_ddp(loader, trainer)
     if why := not_rebuildable(loader):
         return loader, why
     overfit = trainer.overfit_batches > 0  # Lightning trains on the first batches, in the dataset's order
