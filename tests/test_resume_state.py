@@ -22,6 +22,7 @@ from torchmetrics import MeanMetric
 from lightning_template.engine import ExactResume, ResumeCheckpoint, UnsavedState
 from lightning_template.engine.lightning_internals import finish_restarted_epoch, restart_time_budgets
 from lightning_template.engine.unsaved_state import unsaved_values
+from lightning_template.tasks.classification import FashionMNISTDataModule, SimpleCNN
 
 from tests.helpers import SignalAtBatch, same_state
 
@@ -213,4 +214,28 @@ def test_overfit_batches_resumed_inside_an_epoch_is_exact(tmp_path: Path) -> Non
     )  # the stop comes at the next step
     resumed = fit_overfit(tmp_path / "cut")
     assert resumed.global_step == full.global_step == 12
+    assert same_state(full.lightning_module.state_dict(), resumed.lightning_module.state_dict())
+
+
+def fit_task_overfit(folder: Path, stop: bool = False) -> Trainer:
+    """The project's own task (its datamodule's EpochSampler) with overfit_batches, stopped or resumed as above."""
+    stops = [SignalAtBatch(epoch=1, batch=0, signum=signal.SIGTERM)] if stop else []
+    callbacks = [ExactResume(), ResumeCheckpoint(dirpath=folder), *stops]
+    trainer = Trainer(max_epochs=2, overfit_batches=3, limit_val_batches=1, callbacks=callbacks, **QUIET)
+    seed_everything(7)
+    last = folder / "last.ckpt"
+    with contextlib.suppress(SystemExit):
+        data = FashionMNISTDataModule(batch_size=16, augment=True)
+        trainer.fit(SimpleCNN(), datamodule=data, ckpt_path=last if last.exists() and not stop else None)
+    return trainer
+
+
+@pytest.mark.slow
+def test_overfit_batches_of_a_task_resumed_inside_an_epoch_is_exact(tmp_path: Path, fashion_mnist_dir) -> None:
+    """configs/presets/overfit.yaml on simple_cnn differed in 14 tensors: the datamodule's EpochSampler was replaced."""
+    full = fit_task_overfit(tmp_path / "full")
+    fit_task_overfit(tmp_path / "cut", stop=True)
+    assert torch.load(tmp_path / "cut/last.ckpt", weights_only=True)["global_step"] == 3 + 2
+    resumed = fit_task_overfit(tmp_path / "cut")
+    assert resumed.global_step == full.global_step == 6
     assert same_state(full.lightning_module.state_dict(), resumed.lightning_module.state_dict())

@@ -133,6 +133,17 @@ class OverfitSampler(EpochSampler, SequentialSampler):
     in the middle of an epoch already trained (it trained them again)."""
 
 
+def training_sampler(
+    dataset: Sized, batch_size: int, trainer: Trainer | None, sample_seeds: bool = False, shuffle: bool = True
+) -> EpochSampler:
+    """The training sampler of a loader the engine or a task builds: an `EpochSampler` seeded by the run's seed, an
+    `OverfitSampler` under `--trainer.overfit_batches` (Lightning trains on the first batches, in the dataset's
+    order, and keeps a sampler of that order)."""
+    overfit = trainer is not None and trainer.overfit_batches > 0
+    kind = OverfitSampler if overfit else EpochSampler
+    return kind(dataset, batch_size, trainer, global_seed(), sample_seeds=sample_seeds, shuffle=shuffle and not overfit)
+
+
 class SeededBatches(Dataset):
     """A map-style dataset whose batches are fetched and collated with the random state of their first sample's seed.
 
@@ -263,11 +274,9 @@ def resumable_loader(loader: Any, trainer: Trainer) -> tuple[Any, str | None]:
     refuse_batch_sampler_under_ddp(loader, trainer)
     if why := not_rebuildable(loader):
         return loader, why
-    overfit = trainer.overfit_batches > 0  # Lightning trains on the first batches, in the dataset's order
-    sampler = (OverfitSampler if overfit else EpochSampler)(
-        loader.dataset, loader.batch_size, trainer, global_seed(), sample_seeds=True,  # type: ignore[arg-type]
-        shuffle=bool(shuffles(loader.sampler)) and not overfit,
-    )  # fmt: skip
+    sampler = training_sampler(
+        loader.dataset, loader.batch_size, trainer, sample_seeds=True, shuffle=bool(shuffles(loader.sampler))
+    )
     workers = loader.num_workers
     rebuilt = DataLoader(
         SeededBatches(loader.dataset, loader.collate_fn), batch_size=loader.batch_size, sampler=sampler,

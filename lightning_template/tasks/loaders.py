@@ -15,7 +15,7 @@ import torch
 from lightning import Trainer
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler, get_worker_info
 
-from lightning_template.engine.sampling import EpochSampler, derive_seed, global_seed, world
+from lightning_template.engine.sampling import derive_seed, global_seed, training_sampler, world
 
 T = TypeVar("T")
 
@@ -74,7 +74,7 @@ def make_loader(
     """
     world_size, rank = world(trainer)
     if sampler is None and shuffle:
-        sampler = EpochSampler(dataset, batch_size, trainer, global_seed(), sample_seeds)  # type: ignore[arg-type]
+        sampler = training_sampler(dataset, batch_size, trainer, sample_seeds)  # type: ignore[arg-type]
     elif sampler is None and world_size > 1:
         sampler = EvalShardSampler(dataset, world_size, rank)  # type: ignore[arg-type]
     return DataLoader(
