@@ -9,10 +9,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pytest
 import torch
 from lightning import Callback, Trainer
 from lightning.fabric.plugins.environments import LightningEnvironment
-from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.callbacks import ModelCheckpoint, WeightAveraging
+from lightning.pytorch.utilities.exceptions import SIGTERMException
+from torch.optim.swa_utils import AveragedModel
 from torch.utils.data import DataLoader, TensorDataset
 from torchmetrics import MeanMetric
 
@@ -72,7 +75,8 @@ def test_last_batch_and_accumulation(tmp_path: Path) -> None:
 
 def test_epoch_counts(tmp_path: Path) -> None:
     counts = answers(tmp_path, li.epoch_counts, "on_train_epoch_start", "on_train_epoch_end")
-    assert counts == [(0, 0, 0), (1, 1, 0), (1, 1, 1), (2, 2, 1)], changed("epoch_counts")
+    expected = [li.EpochCounts(0, 0, 0), li.EpochCounts(1, 1, 0), li.EpochCounts(1, 1, 1), li.EpochCounts(2, 2, 1)]
+    assert counts == expected, changed("epoch_counts")
 
 
 def test_logging_validation_and_stopping_schedule(tmp_path: Path) -> None:
@@ -295,3 +299,30 @@ def test_torch_internals() -> None:
     assert float(found) == 0 and torch.equal(tensors[0], torch.tensor([1.0, -3.0])), changed("flag_non_finite")
     li.flag_non_finite([torch.tensor([float("nan")])], found)
     assert float(found) == 1, changed("flag_non_finite")
+
+
+def test_skips_due_validation(tmp_path: Path) -> None:
+    """Resumed from a checkpoint written at a batch's end, before the validation due after it (every 2 batches)."""
+    settings = {"make": Validated, "max_epochs": 1, "limit_val_batches": 1, "val_check_interval": 2}
+    skips, *_ = resume_asking(tmp_path, {"epoch": 0, "batch": 1}, li.skips_due_validation, **settings)
+    assert skips is True, changed("skips_due_validation")
+    skips, *_ = resume_asking(tmp_path, {"epoch": 0, "batch": 0}, li.skips_due_validation, **settings)
+    assert skips is False, changed("skips_due_validation")  # none was due after batch 0
+
+
+def test_stop_after_this_step(tmp_path: Path) -> None:
+    class Stop(Callback):
+        def on_train_batch_end(self, trainer: Trainer, pl_module: Any, outputs: Any, batch: Any, i: int) -> None:
+            if i == 1:
+                li.stop_after_this_step(trainer)
+
+    model = Tiny()
+    with pytest.raises(SIGTERMException):  # Lightning's graceful stop, as after a SIGTERM
+        fit(tmp_path, model, [Stop()], max_epochs=1)
+    assert model.seen == [(0, 0), (0, 1)], changed("stop_after_this_step")
+
+
+def test_averaged_model(tmp_path: Path) -> None:
+    averaging = WeightAveraging()
+    fit(tmp_path, Tiny(), [averaging], max_epochs=1)
+    assert isinstance(li.averaged_model(averaging), AveragedModel), changed("averaged_model")
