@@ -135,6 +135,59 @@ def test_corrupt_checkpoint_is_refused_before_anything_runs(simple_cnn_checkpoin
         ProjectCLI(args=[*args, f"--ckpt_path={tmp_path / 'nope.ckpt'}"])
 
 
+def _foreign_checkpoints(folder: Path) -> dict[str, Path]:
+    """Checkpoints another project wrote with a plain `Trainer.save_checkpoint`: Lightning's BoringModel (no
+    hyper-parameters), an autoencoder that saves its hyper-parameters, and the same as a CLI of another project saves
+    it (its class's path, which cannot be imported here)."""
+    from lightning import Trainer
+    from lightning.pytorch.demos import BoringModel
+
+    from tests.foreign_code import ImagesData, LitAutoEncoder
+
+    paths = {name: folder / f"{name}.ckpt" for name in ("boring", "autoencoder", "other_cli")}
+    for model, path, data in (
+        (BoringModel(), paths["boring"], None),
+        (LitAutoEncoder(), paths["autoencoder"], ImagesData()),
+    ):
+        trainer = Trainer(max_steps=1, limit_val_batches=0, logger=False, enable_checkpointing=False,
+                          enable_progress_bar=False, enable_model_summary=False)  # fmt: skip
+        trainer.fit(model, datamodule=data)
+        trainer.save_checkpoint(path)
+    checkpoint = torch.load(paths["autoencoder"], weights_only=True)
+    checkpoint["hyper_parameters"]["_class_path"] = "other_project.models.AutoEncoder"
+    torch.save(checkpoint, paths["other_cli"])
+    return paths
+
+
+def test_a_checkpoint_another_project_wrote_is_one_line_naming_both_models(tmp_path: Path, monkeypatch, capsys):
+    """Given to fit, test or predict (validate reads it as test does) with this project's config: one line naming
+    both models (or what the checkpoint lacks of this one), not Lightning's 40-line state_dict error or a 10-line
+    parser error; fit makes no run folder first."""
+    from lightning_template.engine.cli import main
+
+    paths = _foreign_checkpoints(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    ours = "lightning_template.tasks.classification.SimpleCNN"
+    unnamed = "another model (its class is not saved in it)"
+    said = {
+        "boring": "lacks 16 of the 16 tensors of SimpleCNN (net.features.0.weight, net.features.2.weight,"
+        f" net.features.2.bias), and holds 2 others (layer.weight, layer.bias): it is a checkpoint of {unnamed}.",
+        "autoencoder": f"is a checkpoint of {unnamed}, not of this config's model {ours}: its hyper-parameter lr is"
+        " not an argument of SimpleCNN.",
+        "other_cli": f"is a checkpoint of other_project.models.AutoEncoder, not of this config's model {ours}:"
+        " other_project.models.AutoEncoder cannot be imported here.",
+    }
+    for command, name in [("fit", "boring"), ("test", "autoencoder"), ("predict", "other_cli")]:
+        argv = ["train.py", command, "--config", str(ROOT / "configs/simple_cnn.yaml"), f"--ckpt_path={paths[name]}"]
+        monkeypatch.setattr("sys.argv", argv)
+        with pytest.raises(SystemExit) as exit_:
+            main()
+        err = capsys.readouterr().err
+        assert exit_.value.code == 1 and "Traceback" not in err and "\nError: " in err, err[-3000:]
+        assert f"Error: --ckpt_path {paths[name]} {said[name]}" in err, err[-3000:]
+    assert not (tmp_path / "logs").exists()
+
+
 @pytest.mark.slow
 def test_a_model_breaking_the_step_output_contract_is_told_what_is_missing(quick_trainer, fashion_mnist_dir) -> None:
     from lightning_template.tasks.classification import ConfusionMatrixImage

@@ -18,6 +18,7 @@ import importlib
 import inspect
 import json
 import os
+import re
 import warnings
 import zipfile
 from collections.abc import Callable, Iterator
@@ -27,6 +28,7 @@ from typing import Any
 
 import torch
 import yaml
+from jsonargparse import ArgumentError
 from lightning import Callback, LightningModule, Trainer
 from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
@@ -404,7 +406,13 @@ def build_model_from_checkpoint(cli: LightningCLI, record: RunCheckpoint, given:
         return
     explicit = _given_settings(cli, given, "model")
     before = cli.config[subcommand].model.clone()
-    cli.config = cli.parser.parse_object({subcommand: {"model": model_config(record)}}, cli.config)
+    exit_on_error, cli.parser.exit_on_error = cli.parser.exit_on_error, False  # its error, raised: said here
+    try:
+        cli.config = cli.parser.parse_object({subcommand: {"model": model_config(record)}}, cli.config)
+    except ArgumentError as err:
+        raise ConfigError(_not_this_model(record, before.class_path, str(err))) from None
+    finally:
+        cli.parser.exit_on_error = exit_on_error
     after = cli.config[subcommand].get("model")
     if before.class_path != after.class_path:
         raise ConfigError(
@@ -424,6 +432,24 @@ def build_model_from_checkpoint(cli: LightningCLI, record: RunCheckpoint, given:
         )
     if after.init_args.get("weights"):  # the checkpoint's weights replace them: not read (or downloaded) again
         after.init_args.weights = None
+
+
+def _not_this_model(record: RunCheckpoint, model_class: str, reason: str) -> str:
+    """Why the checkpoint's hyper-parameters build no model of `model_class` (jsonargparse's `reason`), in one line:
+    a checkpoint of another project's model (written by a plain `Trainer.save_checkpoint`, or by a CLI whose class
+    cannot be imported here)."""
+    refused = re.findall(r"Option '(\w+)' is not accepted", reason)
+    if refused:
+        why = f"its hyper-parameter {refused[-1]} is not an argument of {model_class.rpartition('.')[2]}"
+    elif record.model_class and re.search(r"No module named|Unable to import|not found in module", reason):
+        why = f"{record.model_class} cannot be imported here"
+    else:
+        why = f"its hyper-parameters do not build it ({' '.join(reason.split())[:200]})"
+    theirs = record.model_class or "another model (its class is not saved in it)"
+    return (
+        f"--ckpt_path {record.path} is a checkpoint of {theirs}, not of this config's model {model_class}: {why}. Use"
+        " it with the code and config of the run that wrote it."
+    )
 
 
 def restore_datamodule(cli: LightningCLI, record: RunCheckpoint, given: list[str], datamodule: Any) -> None:
@@ -450,8 +476,21 @@ def restore_datamodule(cli: LightningCLI, record: RunCheckpoint, given: list[str
 
 def check_model_fits(record: RunCheckpoint, model: torch.nn.Module, data_facts: tuple[str, ...]) -> None:
     """The checkpoint's tensors have the shapes of the model built for this data (`data_facts`: the datamodule's
-    facts linked into the model, such as input_shape or num_classes)."""
-    mismatched = record.mismatched_shapes(model.state_dict())
+    facts linked into the model, such as input_shape or num_classes). Tensors of the model that the checkpoint lacks
+    (a checkpoint of another model whose class it does not name) are refused here, before Lightning's 40-line error
+    and before a run folder is made; a model with `strict_loading = False` takes them as they are."""
+    state = model.state_dict()
+    missing = [name for name, tensor in state.items() if isinstance(tensor, torch.Tensor) and name not in record.shapes]
+    if missing and getattr(model, "strict_loading", True) is not False:
+        others = [name for name in record.shapes if name not in state]
+        held = f", and holds {len(others)} others ({', '.join(others[:3])})" if others else ""
+        theirs = record.model_class or "another model (its class is not saved in it)"
+        raise ConfigError(
+            f"--ckpt_path {record.path} lacks {len(missing)} of the {len(state)} tensors of {type(model).__name__}"
+            f" ({', '.join(missing[:3])}){held}: it is a checkpoint of {theirs}. Use it with the code and config of"
+            " the run that wrote it."
+        )
+    mismatched = record.mismatched_shapes(state)
     if mismatched:
         facts = {k: v for k, v in record.hyper_parameters.items() if k in data_facts}
         raise ConfigError(
