@@ -350,7 +350,7 @@ class CheckpointAlone:
 
     def check_data_found(self, config: Any) -> None:
         """A file or folder the data was read from that is not there any more, unless a flag gives another one. A
-        setting the training left at its default is the datamodule's own to look up (a `data_dir` it searches with
+        setting the training left at its default is the datamodule's own to look up (a `data_dir` it looks up with
         fallbacks of its own, a download folder): it says itself what it does not find."""
         now = leaves(config.data.get("init_args"))
         defaults = init_defaults(self.data["class_path"])

@@ -238,6 +238,8 @@ def mentions_in(project: Path, removed: set[str]) -> dict[str, list[str]]:
     words = {w.replace("lightning_template", package["package_name"]) for w in words}
     found = {}
     for path in project_files(project):
+        if path.relative_to(project).parts[:2] == ("tests", "data"):  # real data samples: words of their own
+            continue
         text = text_of(path)
         if text and GENERATE.EXTRAS_OFFERED in text:  # the README's list of the extras the project can add
             text = text[: text.index(GENERATE.EXTRAS_OFFERED)] + text[text.index("\n## Documentation\n") :]
