@@ -63,7 +63,6 @@ class Fails(Callback):
         raise RuntimeError("a run that raises")
 
 
-@pytest.mark.slow
 def test_a_plain_trainer_after_the_cli_in_the_same_process_runs_as_in_a_fresh_one(
     tmp_path, monkeypatch, fashion_mnist_dir
 ) -> None:
