@@ -4,8 +4,8 @@ the knobs with Hypothesis and checks that a run stopped anywhere and resumed end
 Nothing of the project is imported: a module, a datamodule and callbacks written as Lightning's and PyTorch's docs
 write them (schedulers of every kind and interval, a scheduler stepped by hand, manual optimization with one or two
 optimizers, a buffer updated every step, an entry of its own in the checkpoint, state no checkpoint holds, epochs
-ended early, samplers, batch samplers, an
-IterableDataset, torchdata's StatefulDataLoader, random flips in `__getitem__`, random masks in `collate_fn`). The
+ended early (checked one by one, not drawn), samplers, batch samplers, an IterableDataset, torchdata's
+StatefulDataLoader, random flips in `__getitem__`, random masks in `collate_fn`). The
 data are real: Fashion-MNIST images pooled to 7x7, 10 classes.
 """
 

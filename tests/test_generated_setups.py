@@ -224,13 +224,11 @@ def setups(draw: st.DrawFn) -> Setup:
         trainer["check_val_every_n_epoch"] = "null"
     if early_stopping and draw(st.booleans()):
         trainer["min_epochs"] = 2
-    # Drawn last, as those above: state no checkpoint holds steering the loss, epochs ended early by the module,
-    # Lightning's overfit_batches (the first 3 batches, in the dataset's order; a map-style dataset's), a max_time the
-    # run never reaches (Lightning's Timer, whose state the checkpoint holds).
+    # Drawn last, as those above: state no checkpoint holds steering the loss, Lightning's overfit_batches (the first
+    # 3 batches, in the dataset's order; a map-style dataset's), a max_time the run never reaches (Lightning's Timer,
+    # whose state the checkpoint holds).
     if draw(st.booleans()):
         model["unsaved_state"] = True
-    if draw(st.booleans()):  # at a step's end: an epoch ended inside an accumulated step never steps it (Lightning)
-        model["end_epochs_at"] = max(2, draw(st.integers(1, 2)) * trainer.get("accumulate_grad_batches", 1))
     if loader == "map" and draw(st.booleans()):
         trainer.pop("limit_train_batches", None)
         trainer["overfit_batches"] = 3
