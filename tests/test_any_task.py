@@ -95,6 +95,7 @@ def test_a_finished_run_continued_from_its_last_checkpoint_trains_nothing_and_sa
         assert sum(bool(row["final/val_loss"]) for row in csv.DictReader(f)) == 1
 
 
+@pytest.mark.slow  # two training processes, one killed
 def test_a_run_logged_to_csv_keeps_the_stopped_runs_rows_when_resumed(tmp_path: Path, monkeypatch) -> None:
     """Lightning's CSV writer deletes the metrics.csv of the folder it starts in, which a resumed run continues: the
     stopped run's rows stay, and the file ends with every value of the run never stopped. Resumed from a checkpoint
