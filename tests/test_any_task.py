@@ -450,7 +450,8 @@ def test_a_checkpoint_alone_validates_and_predicts_or_says_what_to_give(tmp_path
                                 "--trainer.limit_val_batches=2"])  # fmt: skip
     assert alone.trainer.callback_metrics["val_loss"] == with_job.trainer.callback_metrics["val_loss"]
     ProjectCLI(args=["predict", f"--ckpt_path={last}", "--data.batch_size=8", *quiet])  # a flag on top
-    with open(tmp_path / "predictions.csv", newline="") as f:
+    assert not (tmp_path / "predictions.csv").exists()  # beside the run, not in the current folder
+    with open("logs/ink/version_0/predictions.csv", newline="") as f:
         assert len(list(csv.DictReader(f))) == 256
     Path("away.ckpt").write_bytes(Path(last).read_bytes())
     with pytest.raises(ConfigError, match=r"--ckpt_path away.ckpt: the checkpoint does not say which data it was"):

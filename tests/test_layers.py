@@ -32,7 +32,9 @@ EXTRA_MODULES += ["lightning_template.tools"]
 EXTRA_MODULES += ["lightning_template.timm_models", "timm"]
 # /extra:timm
 # extra:hf
-EXTRA_MODULES += ["lightning_template.hf_models", "transformers", "peft"]
+# transformers stays importable: torchmetrics imports it wherever it is installed, and a project without this extra
+# does not have it.
+EXTRA_MODULES += ["lightning_template.hf_models", "peft"]
 # /extra:hf
 
 

@@ -19,7 +19,12 @@ from torch import nn
 from transformers import AutoConfig
 
 from lightning_template.engine.errors import ConfigError
-from lightning_template.hf_models.encoders import default_lora_targets, default_pooling, encoder_config, load_encoder
+from lightning_template.hf_models.encoders import (
+    default_lora_targets,
+    default_pooling,
+    encoder_config,
+    load_encoder,
+)
 from lightning_template.tasks.classification.models.base import ClassificationModule
 from lightning_template.tasks.classification.models.seam import ClassifierNet
 
