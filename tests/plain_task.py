@@ -131,8 +131,10 @@ class MetricRegressor(Regressor):
     process, as a plain tensor without sync_dist (as torchmetrics' docs do); its cosine schedule's config names a
     monitor, which Lightning reads for plateau schedulers alone."""
 
-    def __init__(self, hidden: int = 32, lr: float = 0.01, dropout: float = 0.1, nan_at_step: int = -1) -> None:
-        super().__init__(hidden, lr, dropout, nan_at_step)
+    def __init__(
+        self, num_features: int = 49, hidden: int = 32, lr: float = 0.01, dropout: float = 0.1, nan_at_step: int = -1
+    ) -> None:
+        super().__init__(num_features, hidden, lr, dropout, nan_at_step)
         self.val_mse = MeanSquaredError()
 
     def validation_step(self, batch, batch_idx: int) -> None:
