@@ -35,7 +35,7 @@ from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from torch.nn.parameter import is_lazy
 
 from lightning_template.engine.errors import ConfigError, MissingFileError
-from lightning_template.engine.lightning_internals import restarted_mid_epoch, subcommand_parser
+from lightning_template.engine.lightning_internals import restarted_mid_epoch
 from lightning_template.engine.sampling import global_seed
 from lightning_template.engine.tracking import (
     CHECKPOINT_KEY,
@@ -509,7 +509,7 @@ def _given_settings(cli: LightningCLI, given: list[str], section: str) -> dict[s
     if not given or config.get(section) is None:  # given a parsed config (a script running jobs): the job
         return {}
     job = [str(p) for p in job_configs(config)][:1]
-    parser = subcommand_parser(cli, subcommand)
+    parser = cli.subcommand_parser(subcommand)  # type: ignore[attr-defined]  # ProjectCLI's
     default_env, parser.default_env = parser.default_env, False
     classes = [f"--{name}={config[name].class_path}" for name in dict.fromkeys(("model", section))]  # both required
     try:  # the same class: a job config of it keeps its values, of another class gives the defaults

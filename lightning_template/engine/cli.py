@@ -59,7 +59,6 @@ from lightning_template.engine.lightning_internals import (
     datamodules_named_by_class,
     skip_idle_hooks,
     slurm_resume_path,
-    subcommand_parser,
 )
 from lightning_template.engine.monitor import (
     COUNTERS,
@@ -303,6 +302,7 @@ class ProjectParser(LightningArgumentParser):
         """A subcommand's arguments, as Lightning's CLI adds them, with this project's help for `--ckpt_path`."""
         if method_name not in SUBCOMMANDS:
             return super().add_method_arguments(class_type, method_name, *args, **kwargs)
+        self.subcommand_name = method_name  # the parser of this subcommand (`ProjectCLI.subcommand_parser`)
         kwargs["skip"] = {*(kwargs.get("skip") or ()), "ckpt_path"}
         added = super().add_method_arguments(class_type, method_name, *args, **kwargs)
         help_text = CKPT_PATH_HELP["fit" if method_name == "fit" else "evaluate"]
@@ -352,8 +352,19 @@ class ProjectCLI(CLIHooks):
         # The model builds its optimizer (`--model.optimizer`, named param groups): no top-level --optimizer.
         kwargs.setdefault("auto_configure_optimizers", False)
         self.run_checkpoint: RunCheckpoint | None = None
+        self.parsers: list[LightningArgumentParser] = []  # each one `init_parser` made
         with warnings.catch_warnings():  # the filters a command adds (before_instantiate_classes) end with it
             super().__init__(*args, **kwargs)
+
+    def init_parser(self, **kwargs: Any) -> LightningArgumentParser:
+        """LightningCLI's parser (the main one, and one per subcommand), kept for `subcommand_parser`."""
+        parser = super().init_parser(**kwargs)
+        self.parsers.append(parser)
+        return parser
+
+    def subcommand_parser(self, subcommand: str) -> LightningArgumentParser:
+        """The parser of one subcommand (`fit`, `validate`, ...): the one its arguments were added to."""
+        return next(parser for parser in self.parsers if getattr(parser, "subcommand_name", None) == subcommand)
 
     def subcommands(self) -> dict[str, set[str]]:  # type: ignore[override]
         every = super().subcommands()
@@ -412,7 +423,7 @@ class ProjectCLI(CLIHooks):
                 " --checkpoint.monitor null leaves out the best-epoch checkpoint."
             )
         self.run_checkpoint = resolve_checkpoint(
-            config, subcommand, lambda c: subcommand_parser(self, "fit").dump(c, skip_none=False)
+            config, subcommand, lambda c: self.subcommand_parser("fit").dump(c, skip_none=False)
         )
 
     def apply_checkpoint(self) -> None:

@@ -18,7 +18,7 @@ from typing import Any, NamedTuple
 import torch
 from lightning import Callback, LightningDataModule, Trainer
 from lightning.pytorch.callbacks import Checkpoint, EarlyStopping, ModelCheckpoint, Timer
-from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, _InstantiatorFn
+from lightning.pytorch.cli import LightningCLI, _InstantiatorFn
 from lightning.pytorch.plugins.environments import SLURMEnvironment
 from lightning.pytorch.profilers import PassThroughProfiler
 from lightning.pytorch.trainer import call
@@ -61,7 +61,6 @@ USED = (
     ("WeightAveraging", "_average_model"),
     ("LightningModule", "_current_fx_name"),
     ("LightningCLI", "_parse_ckpt_path"),
-    ("LightningCLI", "_parser"),
     ("cli", "_InstantiatorFn"),
     ("call", "_call_callback_hooks"),
     ("Metric", "_update_count"),  # torchmetrics' own, through Lightning
@@ -462,11 +461,6 @@ class CLIHooks(LightningCLI):
 
     def apply_checkpoint(self) -> None:
         super()._parse_ckpt_path()
-
-
-def subcommand_parser(cli: LightningCLI, subcommand: str) -> LightningArgumentParser:
-    """The parser of one subcommand (`fit`, `validate`, ...)."""
-    return cli._parser(subcommand)
 
 
 class _DataModuleHook:
