@@ -293,7 +293,6 @@ def test_torch_internals() -> None:
     )
     assert not li.is_batch_norm(torch.nn.LayerNorm(2)), changed("is_batch_norm")
     tensors = [torch.tensor([1.0, -3.0]), torch.tensor([2.0])]
-    assert [float(x) for x in li.largest_magnitudes(tensors)] == [3.0, 2.0], changed("largest_magnitudes")
     found = torch.zeros(1)
     li.flag_non_finite(tensors, found)
     assert float(found) == 0 and torch.equal(tensors[0], torch.tensor([1.0, -3.0])), changed("flag_non_finite")

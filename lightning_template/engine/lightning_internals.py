@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import math
 from collections.abc import Callable, Iterator
 from typing import Any, NamedTuple
 
@@ -80,7 +79,6 @@ USED = (
     ("trainer", "fit_loop.epoch_loop.val_loop.restarting"),
     ("trainer", "precision_plugin.convert_input"),
     # torch's
-    ("torch", "_foreach_norm"),
     ("torch", "_amp_foreach_non_finite_check_and_unscale_"),
     ("batchnorm", "_BatchNorm"),
 )
@@ -163,11 +161,6 @@ def flag_non_finite(tensors: list[torch.Tensor], found: torch.Tensor) -> None:
     device and dtype) is NaN or infinite: GradScaler's fused check, with a scale of 1 (each value is written back as
     it was)."""
     torch._amp_foreach_non_finite_check_and_unscale_(tensors, found, _unit_scale(found.device))
-
-
-def largest_magnitudes(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
-    """The largest magnitude of each tensor (no sum of squares to overflow), in one fused call."""
-    return list(torch._foreach_norm(tensors, ord=math.inf))
 
 
 def epoch_sums(trainer: Trainer) -> dict[str, dict[str, Any]]:
