@@ -66,6 +66,18 @@ def test_used_names_every_private_name_the_adapter_touches() -> None:
     assert touched <= used, f"add to lightning_internals.USED: {sorted(touched - used)}"
 
 
+def test_the_docs_give_each_private_name_its_reason() -> None:
+    """docs/extending.md's table of private names lists exactly those the engine touches, so that a name added or
+    dropped is said there (what it is for, why no public API does it)."""
+    text = (engine_boundary.ROOT / "docs" / "extending.md").read_text()
+    table = text.split("### The private names the engine needs, and why", 1)[1].split("\n### ", 1)[0]
+    listed = {line.split("`")[1] for line in table.splitlines() if line.startswith("| `")}
+    touched = {name for read in engine_boundary.all_reads() for name in read.private}
+    assert listed == touched, (
+        f"docs/extending.md's private names: add {sorted(touched - listed)}, remove {sorted(listed - touched)}"
+    )
+
+
 def test_the_boundary_check_finds_what_it_looks_for() -> None:
     """What the static check reads as non-public, and what it leaves (the engine's own private state, the standard
     library's)."""
