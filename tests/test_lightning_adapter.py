@@ -6,14 +6,21 @@ A Lightning release that changes what one of them relies on fails here, in the f
 
 from __future__ import annotations
 
+import contextlib
+import os
+import pickle
+import signal
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
-from lightning import Callback, Trainer
+from lightning import Callback, LightningDataModule, Trainer
 from lightning.fabric.plugins.environments import LightningEnvironment
 from lightning.pytorch.callbacks import ModelCheckpoint, WeightAveraging
+from lightning.pytorch.cli import LightningCLI
+from lightning.pytorch.trainer import call
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from torch.optim.swa_utils import AveragedModel
 from torch.utils.data import DataLoader, TensorDataset
@@ -322,6 +329,181 @@ def test_stop_after_this_step(tmp_path: Path) -> None:
 
 
 def test_averaged_model(tmp_path: Path) -> None:
-    averaging = WeightAveraging()
-    fit(tmp_path, Tiny(), [averaging], max_epochs=1)
-    assert isinstance(li.averaged_model(averaging), AveragedModel), changed("averaged_model")
+    class AtSetup(Callback):
+        def setup(self, trainer: Trainer, pl_module: Any, stage: str) -> None:
+            average = li.averaged_model(averaging)  # made by WeightAveraging's setup, which runs first
+            self.updates_at_setup = int(average.n_averaged) if isinstance(average, AveragedModel) else None
+
+    averaging, at_setup = WeightAveraging(), AtSetup()
+    assert li.averaged_model(averaging) is None, changed("averaged_model")  # before a fit sets it up
+    fit(tmp_path, Tiny(), [averaging, at_setup], max_epochs=1)
+    assert at_setup.updates_at_setup == 0, changed("averaged_model")  # there from the fit's setup, not updated yet
+    average = li.averaged_model(averaging)
+    assert isinstance(average, AveragedModel) and int(average.n_averaged) == BATCHES, changed("averaged_model")
+
+
+def test_skips_due_validation_at_its_end(tmp_path: Path) -> None:
+    """Resumed at its end (`max_steps` reached): Lightning runs no loop, the engine asks at `on_fit_end`."""
+    settings = {"max_steps": 2, "limit_val_batches": 1, "val_check_interval": 2}
+    checkpoint = tmp_path / "stopped.ckpt"
+    fit(tmp_path, Validated(), [SaveAt(checkpoint, epoch=0, batch=1)], **settings)  # before the validation due
+    ended = tmp_path / "ended.ckpt"
+    model = Validated()
+    fit(tmp_path, model, [], **settings)
+    model.trainer.save_checkpoint(ended)  # after the run's end, its validation included
+    for path, skipped in ((checkpoint, True), (ended, False)):
+        recorder = Recorder(li.skips_due_validation_at_its_end, "on_fit_end")
+        model = Validated()
+        fit(tmp_path, model, [recorder], ckpt_path=path, **settings)
+        assert model.seen == [] and recorder.answers == [skipped], changed("skips_due_validation_at_its_end")
+
+
+class SlowSteps(Callback):
+    def on_train_batch_end(self, *args: Any) -> None:
+        time.sleep(0.2)  # half a second of max_time stops the run after its third step at most
+
+
+def test_restart_time_budgets(tmp_path: Path) -> None:
+    class Restart(Callback):
+        def on_load_checkpoint(self, trainer: Trainer, pl_module: Any, checkpoint: dict[str, Any]) -> None:
+            li.restart_time_budgets(trainer, checkpoint)
+
+    checkpoint, budget = tmp_path / "stopped.ckpt", {"max_time": {"seconds": 0.5}}
+    stopped = Tiny()
+    fit(tmp_path, stopped, [SaveAt(checkpoint, epoch=0), SlowSteps()], **budget)  # stopped by its Timer
+    assert 0 < stopped.trainer.global_step < BATCHES
+    model = Tiny()
+    fit(tmp_path, model, [Restart(), SlowSteps()], ckpt_path=checkpoint, **budget)
+    # Lightning alone trains nothing (its tripwire): this run trains for its own half second.
+    assert model.seen and model.trainer.global_step > stopped.trainer.global_step, changed("restart_time_budgets")
+
+
+def test_requeue_slurm_job(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    bin_dir, record = tmp_path / "bin", tmp_path / "scontrol.log"
+    bin_dir.mkdir()
+    (bin_dir / "scontrol").write_text(f'#!/bin/sh\necho "$@" >> {record}\n')  # SLURM's command, as a job sees it
+    (bin_dir / "scontrol").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("SLURM_JOB_ID", "4242")
+    monkeypatch.delenv("SLURM_ARRAY_JOB_ID", raising=False)
+    model = Tiny()
+    fit(tmp_path, model, [], max_epochs=1)
+    li.requeue_slurm_job(model.trainer, signal.SIGUSR1)
+    requeued = record.read_text().split() if record.is_file() else []
+    assert requeued == ["requeue", "4242"], changed("requeue_slurm_job")
+    saved = torch.load(tmp_path / "hpc_ckpt_1.ckpt", weights_only=False)  # where a requeued job resumes from
+    assert saved["global_step"] == BATCHES, changed("requeue_slurm_job")
+
+
+# -- the CLI ---------------------------------------------------------------------------------------------------------
+
+
+class Sized(Tiny):
+    def __init__(self, width: int = 1) -> None:
+        super().__init__()
+        self.save_hyperparameters()
+        self.width = width
+
+
+class WidthData(LightningDataModule):
+    def __init__(self, size: int = 2) -> None:
+        super().__init__()
+        self.save_hyperparameters()  # what Lightning's instantiator replaces with the parsed config
+        self.width = size
+
+
+class Parsed(Exception):
+    """Raised by a CLI below once it has parsed its command line (nothing is built or run)."""
+
+
+def test_cli_hooks(tmp_path: Path) -> None:
+    class CheckpointHooked(li.CLIHooks):
+        def apply_checkpoint(self) -> None:
+            self.widths = [self.config.fit.model.width]  # as parsed, before the checkpoint is read
+            super().apply_checkpoint()
+            self.widths.append(self.config.fit.model.width)
+
+        def before_instantiate_classes(self) -> None:
+            raise Parsed(self)
+
+    checkpoint = tmp_path / "sized.ckpt"
+    model = Sized(width=3)
+    fit(tmp_path, model, [], max_epochs=1, max_steps=1)
+    model.trainer.save_checkpoint(checkpoint)
+    with pytest.raises(Parsed) as parsed:
+        CheckpointHooked(Sized, args=["fit", f"--ckpt_path={checkpoint}"], seed_everything_default=False)
+    # Called once, where LightningCLI reads the checkpoint's hyper-parameters, which it reads in the parent's.
+    assert getattr(parsed.value.args[0], "widths", None) == [1, 3], changed("CLIHooks")
+
+
+def test_add_datamodule_hook(tmp_path: Path) -> None:
+    class DataHooked(LightningCLI):
+        def add_arguments_to_parser(self, parser: Any) -> None:
+            parser.link_arguments("data.width", "model.width", apply_on="instantiate")
+
+        def before_instantiate_classes(self) -> None:
+            self.hooked: list[LightningDataModule] = []
+            li.add_datamodule_hook(self, self.widen)
+
+        def widen(self, datamodule: LightningDataModule) -> None:
+            self.hooked.append(datamodule)
+            datamodule.width = 7  # what the link hands the model, if the hook runs before it
+
+    args = {"args": ["--data.size=3", f"--trainer.default_root_dir={tmp_path}"], "seed_everything_default": False}
+    cli = DataHooked(Sized, WidthData, run=False, **args)
+    assert cli.hooked == [cli.datamodule] and cli.model.width == 7, changed("add_datamodule_hook")
+    # Built by Lightning's own instantiator, which records the config as the datamodule's hyper-parameters.
+    recorded = {"size": 3, "_instantiator": "lightning.pytorch.cli.instantiate_module"}
+    assert dict(cli.datamodule.hparams) == recorded, changed("add_datamodule_hook or _DataModuleHook")
+    # A spawning DDP launcher pickles the parser (in the trainer's SaveConfigCallback), its instantiators with it:
+    # the hook is an object, with its CLI and what it calls.
+    hook = pickle.loads(pickle.dumps(li._DataModuleHook(LightningCLI(Sized, WidthData, run=False, **args), print)))
+    assert isinstance(hook(WidthData, size=4, applied_instantiation_links={}), WidthData), changed("_DataModuleHook")
+
+
+# -- Lightning's dispatch of callback hooks --------------------------------------------------------------------------
+
+
+def test_idle_hooks_skipped(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[str] = []
+    lightnings = call._call_callback_hooks
+    # Lightning's `Callback.on_train_batch_end` (which does nothing), counted.
+    monkeypatch.setattr(Callback, "on_train_batch_end", lambda *args, **kwargs: calls.append("idle"))
+
+    class Busy(Callback):
+        def on_train_batch_end(self, trainer: Trainer, pl_module: Any, *args: Any) -> None:
+            calls.append("busy" if call._call_callback_hooks is not lightnings else "Lightning's dispatch")
+            pl_module.log("logged_by_a_callback", 1.0)  # Lightning's `_current_fx_name` is set for it
+
+    def trainer(**kwargs: Any) -> Trainer:
+        quiet = {"logger": False, "enable_checkpointing": False, "enable_progress_bar": False}
+        made = Trainer(default_root_dir=tmp_path, max_epochs=1, limit_train_batches=2, enable_model_summary=False,
+                       **quiet, **kwargs)  # fmt: skip
+        li.skip_idle_hooks(made)
+        return made
+
+    skipping = trainer(callbacks=[Callback(), Busy()])
+    assert isinstance(skipping.profiler, li.HooksUnprofiled), changed("HooksUnprofiled")
+    # What Lightning enters around each hook call: no generator made, nothing recorded.
+    entered = skipping.profiler.profile("[Callback]Busy.on_train_batch_end")
+    assert type(entered) is contextlib.nullcontext, changed("HooksUnprofiled")
+    assert any(isinstance(c, li.IdleHooksSkipped) for c in skipping.callbacks), changed("IdleHooksSkipped")
+    skipping.fit(Tiny())
+    assert calls == ["busy"] * 2, changed("HooksUnprofiled or IdleHooksSkipped")  # Lightning's: idle ones too
+    assert "logged_by_a_callback" in skipping.callback_metrics, changed("HooksUnprofiled")
+    assert call._call_callback_hooks is lightnings, changed("IdleHooksSkipped")  # Lightning's own after the run
+
+    class Fails(Callback):
+        def on_train_batch_end(self, *args: Any) -> None:
+            raise RuntimeError("a run that raises")
+
+    with pytest.raises(RuntimeError, match="a run that raises"):
+        trainer(callbacks=[Fails()]).fit(Tiny())
+    assert call._call_callback_hooks is lightnings, changed("IdleHooksSkipped")
+
+    calls.clear()
+    profiled = trainer(callbacks=[Callback(), Busy()], profiler="simple")  # kept, with Lightning's dispatch
+    profiled.fit(Tiny())
+    assert not isinstance(profiled.profiler, li.HooksUnprofiled) and calls.count("idle") == 2, changed(
+        "HooksUnprofiled"
+    )

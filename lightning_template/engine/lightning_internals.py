@@ -400,7 +400,8 @@ def reads_at_train_epoch_end(callback: Callback, trainer: Trainer) -> bool:
 
 
 def averaged_model(callback: Any) -> Any:
-    """The running average of a WeightAveraging callback (None before its first update)."""
+    """The running average of a WeightAveraging callback: an `AveragedModel` that Lightning makes in the callback's
+    `setup` of a `fit` (a copy of the module, `n_averaged` 0 until its first update); None before any fit."""
     return callback._average_model
 
 
