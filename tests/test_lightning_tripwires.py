@@ -7,6 +7,7 @@ the upstream issues and the versions they hold for, is in docs/extending.md ("Co
 
 from __future__ import annotations
 
+import os
 import signal
 import time
 from collections.abc import Callable
@@ -16,8 +17,13 @@ from typing import Any
 import lightning
 import pytest
 import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
 from lightning import Callback, LightningDataModule, LightningModule, Trainer
+from lightning.pytorch.callbacks import BackboneFinetuning
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+
+from tests.helpers import free_port
 
 BATCHES = 4  # per epoch, one sample each
 
@@ -277,3 +283,62 @@ def test_tripwire_failing_on_exception_skips_teardown(tmp_path: Path) -> None:
         signal.signal(signal.SIGTERM, before)
     # Lightning's SIGTERM handler is left installed: its teardown, which restores the handlers, did not run.
     assert left is not before, fixed_by_lightning("ResumeCheckpoint.on_exception's try/except around the save")
+
+
+# -- DDP (2 processes on CPU, gloo) ----------------------------------------------------------------------------------
+
+
+class WithBackbone(LightningModule):
+    """A backbone that BackboneFinetuning freezes until epoch 1, and a head; 8 one-sample batches an epoch in all,
+    each process training on its own half (Lightning's DistributedSampler)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.backbone, self.head = torch.nn.Linear(1, 1), torch.nn.Linear(1, 1)
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        (x,) = batch
+        return self.head(self.backbone(x.float().view(-1, 1))).pow(2).mean()
+
+    def configure_optimizers(self) -> Any:
+        return torch.optim.SGD(self.head.parameters(), lr=0.01)  # BackboneFinetuning adds the backbone's group
+
+    def train_dataloader(self) -> DataLoader:
+        return DataLoader(TensorDataset(torch.arange(1, 9)), batch_size=1)
+
+
+def _finetune_rank(rank: int, port: int, folder: Path) -> None:
+    """One DDP process, as torchrun starts it: the model's weights after an epoch frozen and one unfrozen."""
+    torch.set_num_threads(1)
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE="2", NODE_RANK="0",
+                      RANK=str(rank), LOCAL_RANK=str(rank))  # fmt: skip
+    torch.manual_seed(0)
+    model = WithBackbone()
+    unfreezing = BackboneFinetuning(unfreeze_backbone_at_epoch=1)
+    trainer = Trainer(accelerator="cpu", devices=2, strategy="ddp", max_epochs=2, logger=False,
+                      enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                      callbacks=[unfreezing], default_root_dir=folder)  # fmt: skip
+    trainer.fit(model)
+    torch.save({name: value.detach().clone() for name, value in model.state_dict().items()}, folder / f"{rank}.pt")
+    dist.destroy_process_group()  # gloo's threads, left alive, can abort the process as it exits
+
+
+@pytest.mark.slow
+@pytest.mark.processes
+def test_tripwire_ddp_does_not_average_the_gradients_of_parameters_unfrozen_after_wrapping(tmp_path: Path) -> None:
+    ranks = mp.start_processes(_finetune_rank, args=(free_port(), tmp_path), nprocs=2, join=False).processes
+    deadline = time.monotonic() + 240
+    for process in ranks:
+        process.join(timeout=max(1.0, deadline - time.monotonic()))
+    for process in ranks:
+        if process.is_alive():
+            process.kill()
+            process.join()
+    assert [process.exitcode for process in ranks] == [0, 0]
+    replicas = [torch.load(tmp_path / f"{rank}.pt") for rank in (0, 1)]
+    # DDP averages the head's gradients (it trained when DDP wrapped the model): the replicas hold the same head.
+    assert all(torch.equal(replicas[0][k], replicas[1][k]) for k in ("head.weight", "head.bias"))
+    # The backbone, unfrozen at epoch 1, trained on each process's own gradients: two backbones.
+    assert not torch.equal(replicas[0]["backbone.weight"], replicas[1]["backbone.weight"]), fixed_by_lightning(
+        "process_group.ThawedParameterSync", "Lightning #20340"
+    )
