@@ -15,7 +15,7 @@ from lightning.pytorch.callbacks import RichProgressBar
 
 from lightning_template.engine import ExactResume, ResumeCheckpoint
 from lightning_template.engine.cli import ProjectCLI, main, project_error
-from lightning_template.engine.console import EpochLines
+from lightning_template.engine.console import EpochLines, library_noise_quieted
 from lightning_template.engine.errors import ConfigError
 from lightning_template.tasks.classification import FashionMNISTDataModule, SimpleCNN
 
@@ -168,6 +168,9 @@ def test_the_epoch_line_shows_the_true_mean_loss_whatever_the_accumulation(tmp_p
 
 def test_the_engines_warnings_print_as_their_line_and_any_other_keeps_its_place() -> None:
     engine_file = str(ROOT / "lightning_template" / "engine" / "resume.py")
-    assert warnings.formatwarning("ExactResume: a line.", UserWarning, engine_file, 10) == "ExactResume: a line.\n"
     task_file = str(ROOT / "lightning_template" / "tasks" / "loaders.py")
-    assert warnings.formatwarning("a user's warning", UserWarning, task_file, 3).startswith(f"{task_file}:3: ")
+    with library_noise_quieted():  # a run of the CLI
+        assert warnings.formatwarning("ExactResume: a line.", UserWarning, engine_file, 10) == "ExactResume: a line.\n"
+        assert warnings.formatwarning("a user's warning", UserWarning, task_file, 3).startswith(f"{task_file}:3: ")
+    # Python's own after it
+    assert warnings.formatwarning("ExactResume: a line.", UserWarning, engine_file, 10).startswith(engine_file)

@@ -3,8 +3,10 @@ them: a plain Lightning Trainer run after it, in the same process, behaves as it
 
 from __future__ import annotations
 
+import logging
 import signal
 import sys
+import warnings
 from typing import Any
 
 import pytest
@@ -17,6 +19,8 @@ from lightning_template.engine.cli import ProjectCLI
 from tests.conftest import QUICK, ROOT
 
 LIBRARIES = ("lightning.", "lightning_fabric.", "pytorch_lightning.", "torchmetrics.")
+# A warning of Lightning's own, raised by a plain run's training steps, which the engine silences for its runs.
+LIGHTNINGS_WARNING = r"`isinstance\(treespec, LeafSpec\)` is deprecated"
 
 
 def lightning_surface() -> dict[str, int]:
@@ -43,6 +47,13 @@ def signal_handlers() -> dict[str, Any]:
     return handlers
 
 
+def python_settings() -> dict[str, Any]:
+    """What Python's warnings and Lightning's loggers show: their filters and the warnings' format."""
+    known = logging.root.manager.loggerDict.items()
+    loggers = {name: list(log.filters) for name, log in known if isinstance(log, logging.Logger) and log.filters}
+    return {"warning filters": list(warnings.filters), "warning format": warnings.formatwarning, "loggers": loggers}
+
+
 def torch_flags() -> dict[str, Any]:
     """torch's process-wide settings that a training engine might turn."""
     return {
@@ -63,33 +74,47 @@ class Fails(Callback):
         raise RuntimeError("a run that raises")
 
 
+# Shown each time (above pytest's own filter of it), unless a filter added later hides it.
+@pytest.mark.filterwarnings(f"always:{LIGHTNINGS_WARNING}:FutureWarning")
 def test_a_plain_trainer_after_the_cli_in_the_same_process_runs_as_in_a_fresh_one(
-    tmp_path, monkeypatch, fashion_mnist_dir
+    tmp_path, monkeypatch, fashion_mnist_dir, caplog
 ) -> None:
     monkeypatch.chdir(tmp_path)
     # Lightning's modules that the CLI run imports for the first time are compared from the plain run before it.
     plain_trainer_run(tmp_path)
-    before = lightning_surface(), signal_handlers(), torch_flags()
+    before = lightning_surface(), signal_handlers(), torch_flags(), python_settings()
     job = ["--config", str(ROOT / "configs/simple_cnn.yaml"), *QUICK, "--trainer.max_epochs=1",
            "--trainer.limit_train_batches=2", "--trainer.limit_val_batches=1", "--test_after_fit=false"]  # fmt: skip
     ProjectCLI(args=["fit", *job])
     with pytest.raises(RuntimeError, match="a run that raises"):
         ProjectCLI(args=["fit", *job, "--trainer.callbacks+=tests.test_same_process.Fails"])
-    surface, handlers, flags = lightning_surface(), signal_handlers(), torch_flags()
+    surface, handlers, flags, settings = lightning_surface(), signal_handlers(), torch_flags(), python_settings()
     patched = sorted(key for key, identity in before[0].items() if surface.get(key, identity) != identity)
     assert not patched, f"the CLI's run left Lightning patched: {patched}"
     assert handlers == before[1] and flags == before[2]
-    assert plain_trainer_run(tmp_path) == 3 * 2  # a callback's hook of Lightning's own: called as ever
+    assert settings == before[3], "the CLI's run left warning filters, a warning format or logging filters behind"
+    caplog.set_level(logging.INFO)
+    with warnings.catch_warnings(record=True) as caught:  # under the filters the run left
+        assert plain_trainer_run(tmp_path) == 3 * 2  # a callback's hook of Lightning's own: called as ever
+    # What the engine silences in its runs, Lightning says again in a plain one.
+    assert any(issubclass(w.category, FutureWarning) and "LeafSpec" in str(w.message) for w in caught)
+    assert "Loading `train_dataloader` to estimate number of stepping batches." in caplog.messages
 
 
 def plain_trainer_run(tmp_path) -> int:
     """A plain Trainer's fit, 3 batches with 2 callbacks that leave `on_train_batch_end` to Lightning's `Callback`:
     how many times Lightning called that hook."""
     calls = []
+
+    class Scheduled(BoringModel):  # Lightning loads the loader to count the steps, and says so
+        def configure_optimizers(self) -> Any:
+            assert self.trainer.estimated_stepping_batches == 3
+            return super().configure_optimizers()
+
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(Callback, "on_train_batch_end", lambda *args, **kwargs: calls.append(1))
         trainer = Trainer(max_epochs=1, limit_train_batches=3, limit_val_batches=0, logger=False,
                           callbacks=[Callback(), Callback()], enable_progress_bar=False, enable_model_summary=False,
                           default_root_dir=tmp_path)  # fmt: skip
-        trainer.fit(BoringModel())
+        trainer.fit(Scheduled())
     return len(calls)

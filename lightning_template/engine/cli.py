@@ -48,7 +48,7 @@ from lightning_template.engine.checkpoint import (
     resolve_checkpoint,
     restore_datamodule,
 )
-from lightning_template.engine.console import progress_bar, quiet_library_noise
+from lightning_template.engine.console import library_noise_quieted, progress_bar
 from lightning_template.engine.epoch_metrics import EpochMetrics
 from lightning_template.engine.errors import ConfigError, MissingFileError, ProjectError
 from lightning_template.engine.facts import check_facts_reached_the_model, declared_facts, import_named_datamodule
@@ -330,7 +330,6 @@ class ProjectCLI(CLIHooks):
         if isinstance(given, list):
             import_named_datamodule([str(arg) for arg in given])
         self.data_facts = declared_facts()  # linked from the datamodule into the model (engine/facts.py)
-        quiet_library_noise()
         # default_env: every option can also be set from the environment, e.g. PL_FIT__TRAINER__MAX_EPOCHS=3.
         defaults = {"default_config_files": [str(DEFAULTS)], "default_env": True}
         parser_kwargs = kwargs.setdefault("parser_kwargs", {})
@@ -353,7 +352,7 @@ class ProjectCLI(CLIHooks):
         kwargs.setdefault("auto_configure_optimizers", False)
         self.run_checkpoint: RunCheckpoint | None = None
         self.parsers: list[LightningArgumentParser] = []  # each one `init_parser` made
-        with warnings.catch_warnings():  # the filters a command adds (before_instantiate_classes) end with it
+        with library_noise_quieted():  # and the warning filters a command adds (before_instantiate_classes)
             super().__init__(*args, **kwargs)
 
     def init_parser(self, **kwargs: Any) -> LightningArgumentParser:

@@ -7,11 +7,14 @@ metrics once, when the epoch (and its validation) is over.
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import multiprocessing
 import os
 import sys
 import time
 import warnings
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -110,8 +113,14 @@ def _project_warnings_as_lines(format_warning: Any) -> Any:
             return f"{message}\n"
         return format_warning(message, category, filename, lineno, line)
 
-    format.project_lines = True
     return format
+
+
+LIGHTNING_LOGGERS = (
+    "lightning.pytorch",
+    "lightning.pytorch.utilities.rank_zero",
+    "lightning.fabric.utilities.rank_zero",
+)
 
 
 class _DropLines(logging.Filter):
@@ -119,23 +128,46 @@ class _DropLines(logging.Filter):
         return not str(record.msg).startswith(LIGHTNING_LINES)
 
 
-def quiet_library_noise() -> None:
+def quiet_library_noise() -> Callable[[], None]:
     """Drop the lines of LIGHTNING_LINES from Lightning's console log and the warnings of LIBRARY_WARNINGS raised
-    inside those libraries (each filter once per process), and the torch profiler's own log lines; print this
-    engine's warnings as their one line."""
+    inside those libraries, and the torch profiler's own log lines; print this engine's warnings as their one line.
+    Returns what undoes it, but for the warning filters: `library_noise_quieted` restores those."""
     # Kineto, the torch profiler's library (configs/presets/profile_torch.yaml), prints `USDT:` lines at its start
     # and stop, and an error for a missing GPU, below level 6; it reads the level when a profiler first starts.
+    kineto_set = "KINETO_LOG_LEVEL" in os.environ
     os.environ.setdefault("KINETO_LOG_LEVEL", "6")
-    lightning = logging.getLogger("lightning.pytorch")
-    if not any(isinstance(f, _DropLines) for f in lightning.filters):
-        lightning.addFilter(_DropLines())
-        for name in ("lightning.pytorch.utilities.rank_zero", "lightning.fabric.utilities.rank_zero"):
-            logging.getLogger(name).addFilter(_DropLines())
+    dropped, loggers = _DropLines(), [logging.getLogger(name) for name in LIGHTNING_LOGGERS]
+    for logger in loggers:
+        logger.addFilter(dropped)
     for message, category, module in LIBRARY_WARNINGS:
         warnings.filterwarnings("ignore", message=message, category=category, module=module)
-    if not getattr(warnings.formatwarning, "project_lines", False):
-        warnings.formatwarning = _project_warnings_as_lines(warnings.formatwarning)
+    format_warning = warnings.formatwarning
+    warnings.formatwarning = _project_warnings_as_lines(format_warning)
+
+    def undo() -> None:
+        for logger in loggers:
+            logger.removeFilter(dropped)
+        warnings.formatwarning = format_warning
+        if not kineto_set:
+            os.environ.pop("KINETO_LOG_LEVEL", None)
+
+    return undo
 
 
-# At import, in every process: a DDP launcher's spawned workers import the engine when they unpickle the trainer.
-quiet_library_noise()
+@contextlib.contextmanager
+def library_noise_quieted() -> Iterator[None]:
+    """`quiet_library_noise` for a run of the CLI: Python's warning filters and format, Lightning's loggers and the
+    environment are as they were after it, returned or raised, so that a plain Lightning Trainer run later in the
+    same process (a notebook's) prints and warns as in a fresh one."""
+    with warnings.catch_warnings():  # and what the run's own code adds to the filters
+        undo = quiet_library_noise()
+        try:
+            yield
+        finally:
+            undo()
+
+
+# A process that a DDP launcher spawned for a run (ddp_spawn's workers import the engine when they unpickle the
+# trainer) is quieted for its life, which is the run's.
+if multiprocessing.parent_process() is not None:
+    quiet_library_noise()
