@@ -267,11 +267,11 @@ def test_checkpoint_callback_internals(tmp_path: Path) -> None:
     assert written == ["epoch=0.ckpt"] and (tmp_path / "epoch=0.ckpt").exists(), changed("CheckpointWrites")
     assert li.reads_at_train_epoch_end(checkpoint, trainer), changed("reads_at_train_epoch_end")
     li.mark_saved_at(checkpoint, trainer.global_step)
-    li.save_now(checkpoint, trainer)  # already saved at this step: nothing written
-    assert written == ["epoch=0.ckpt"], changed("mark_saved_at or save_now")
+    checkpoint.on_train_epoch_end(trainer, trainer.lightning_module)  # already saved at this step: nothing written
+    assert written == ["epoch=0.ckpt"], changed("mark_saved_at")
     li.mark_saved_at(checkpoint, trainer.global_step - 1)
-    li.save_now(checkpoint, trainer)
-    assert len(written) == 2, changed("save_now")
+    checkpoint.on_train_epoch_end(trainer, trainer.lightning_module)
+    assert len(written) == 2, changed("mark_saved_at")
     assert isinstance(checkpoint, ModelCheckpoint)
 
 

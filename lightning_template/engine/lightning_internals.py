@@ -52,9 +52,6 @@ USED = (
     ("trainer", "_logger_connector.should_update_logs"),
     ("ModelCheckpoint", "_last_global_step_saved"),
     ("ModelCheckpoint", "_save_checkpoint"),
-    ("ModelCheckpoint", "_should_skip_saving_checkpoint"),
-    ("ModelCheckpoint", "_save_topk_checkpoint"),
-    ("ModelCheckpoint", "_monitor_candidates"),
     ("ModelCheckpoint", "_should_save_on_train_epoch_end"),
     ("EarlyStopping", "_check_on_train_epoch_end"),
     ("WeightAveraging", "_average_model"),
@@ -383,12 +380,6 @@ def requeue_slurm_job(trainer: Trainer, signum: int) -> None:
 def mark_saved_at(callback: ModelCheckpoint, step: int) -> None:
     """Tell a checkpoint callback that its file already holds `step` (it then does not write it again)."""
     callback._last_global_step_saved = step
-
-
-def save_now(callback: ModelCheckpoint, trainer: Trainer) -> None:
-    """Save as the callback would after validation, unless it already did at this step."""
-    if not callback._should_skip_saving_checkpoint(trainer):
-        callback._save_topk_checkpoint(trainer, callback._monitor_candidates(trainer))
 
 
 def reads_at_train_epoch_end(callback: Callback, trainer: Trainer) -> bool:

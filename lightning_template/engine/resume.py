@@ -66,7 +66,6 @@ from lightning_template.engine.lightning_internals import (
     restart_train_iterator,
     restarted_mid_epoch,
     restored_after_last_batch,
-    save_now,
     skips_due_validation,
     skips_due_validation_at_its_end,
     start_next_epoch,
@@ -260,7 +259,9 @@ class ResumeCheckpoint(CheckpointWrites):
 
     def __init__(self, **kwargs: Any) -> None:
         kwargs = {"filename": "last", "enable_version_counter": False, "save_on_exception": True, **kwargs}
-        super().__init__(**kwargs)
+        # At every epoch's end, whatever the validation schedule (ModelCheckpoint's own would save after the
+        # validations instead where they run inside the epoch: the batches after the epoch's last one would be missing).
+        super().__init__(**kwargs, save_on_train_epoch_end=True)
 
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         super().setup(trainer, pl_module, stage)
@@ -271,17 +272,13 @@ class ResumeCheckpoint(CheckpointWrites):
         mark_saved_at(self, checkpoint["global_step"])
 
     def on_validation_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        # After a validation inside an epoch too (val_check_interval < 1, a time interval): ModelCheckpoint's save
+        # (its epoch-end one, which save_on_train_epoch_end makes due whatever the schedule; none twice at a step).
         # A validation after an epoch's last batch (check_val_every_n_epoch > 1, val_check_interval < 1) or the
         # run's last step is saved by the epoch's end that follows: written here, the run would resume into an epoch
         # already trained, whose end it logged before it stopped (or, at max_steps, would never end that epoch).
         if not (inside_an_epoch(trainer) and epoch_ends_here(trainer)):
-            super().on_validation_end(trainer, pl_module)
-
-    def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        super().on_train_epoch_end(trainer, pl_module)
-        # ModelCheckpoint saves after validation when validation runs inside the epoch (val_check_interval < 1,
-        # check_val_every_n_epoch > 1): the batches after the epoch's last validation would be missing.
-        save_now(self, trainer)
+            super().on_train_epoch_end(trainer, pl_module)
 
     def write_checkpoint(self, trainer: Trainer, filepath: str) -> None:
         if trainer.state.fn == TrainerFn.FITTING and not at_step_boundary(trainer):
