@@ -8,7 +8,10 @@ from pathlib import Path
 
 import pytest
 import torch
+from lightning import Callback
+from lightning.pytorch.utilities.model_summary import summarize
 from torch import nn
+from torch.utils.flop_counter import FlopCounterMode
 
 import lightning_template.tasks.classification
 from lightning_template.tasks.classification import (
@@ -61,6 +64,43 @@ def test_seam_forward_features_head_and_classifier(case: str) -> None:
     assert isinstance(net.get_classifier(), nn.Linear) and net.get_classifier().out_features == 5
     net.reset_classifier(3)
     assert model(inputs).shape == (4, 3)
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_the_model_summary_counts_the_flops_of_one_sample(case: str) -> None:
+    """Lightning's summary (FLOPs column, `Total FLOPs`) runs the model's example_input_array: one sample of the
+    input the model was built for, its FLOPs those of one real input of that size (zeros without it)."""
+    model_class, kwargs, shape = CASES[case]
+    model = model_class(num_classes=5, **kwargs)
+    sample = _inputs(shape, batch=1) if shape else torch.randint(2, 50, (1, model.hparams.max_length))
+    with FlopCounterMode(display=False) as counter, torch.no_grad():
+        model.eval()(sample)
+    assert summarize(model).total_flops == counter.get_total_flops() > 0
+
+
+def test_a_compiled_network_has_no_example_input() -> None:
+    """The summary's forward of one sample would compile the network once more, for that shape."""
+    model = SimpleCNN(compile=True)
+    model.configure_model()  # compiles lazily: nothing runs until a forward
+    assert model.example_input_array is None
+
+
+@pytest.mark.slow
+def test_the_summary_of_a_fit_counts_flops_through_the_datamodules_batch_hooks(
+    quick_trainer, image_tree: Path, fashion_mnist_dir
+) -> None:
+    """In a fit, the example input goes through the datamodule's on_after_batch_transfer (uint8 batches normalized
+    on the device), which hands the model's input on as it is: the summary at the fit's start counts its FLOPs."""
+    counted = {}
+
+    class Summary(Callback):
+        def on_fit_start(self, trainer, pl_module) -> None:
+            counted[type(trainer.datamodule).__name__] = summarize(pl_module).total_flops
+
+    for data in (FashionMNISTDataModule(batch_size=8), ImageFolderDataModule(root=str(image_tree), image_size=32)):
+        model = ResNetClassifier(num_classes=data.num_classes, input_shape=data.input_shape)
+        quick_trainer(max_steps=1, limit_val_batches=0, callbacks=[Summary()]).fit(model, datamodule=data)
+    assert counted["FashionMNISTDataModule"] > 0 and counted["ImageFolderDataModule"] > 0, counted
 
 
 @pytest.mark.parametrize("case", list(CASES))

@@ -25,7 +25,7 @@ from lightning_template.hf_models.encoders import (
     encoder_config,
     load_encoder,
 )
-from lightning_template.tasks.classification.models.base import ClassificationModule
+from lightning_template.tasks.classification.models.base import ClassificationModule, one_sequence
 from lightning_template.tasks.classification.models.seam import ClassifierNet
 
 # RoBERTa's family numbers positions after the padding id: that many fewer positions for tokens.
@@ -102,6 +102,7 @@ class HFClassifier(ClassificationModule):
         chosen = default_pooling(config) if pooling == "auto" else pooling
         pad = config.pad_token_id if pad_id is None else pad_id
         super().__init__(HFNet(model, num_classes, chosen, pad), weights=weights, **kwargs)
+        self.example_input_array = one_sequence(max_length, pad)  # one text: the summary's FLOPs and sizes
         self.hparams["encoder"] = config.to_diff_dict()
 
     def load_weights(self, weights: str) -> None:

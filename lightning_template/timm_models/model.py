@@ -99,6 +99,7 @@ class TimmClassifier(ClassificationModule):
         options |= {"img_size": size} if fixed_input_size(backbone) else {}
         model = build(backbone, weights, num_classes, input_shape[0], **options)
         super().__init__(TimmNet(model, size if img_size else None), weights=weights, **kwargs)
+        self.example_input_array = torch.zeros(1, *input_shape)  # one image: the summary's FLOPs and sizes
 
     def load_weights(self, weights: str) -> None:
         """Nothing left to load: timm built the network from `weights` (`weights.build`)."""

@@ -16,6 +16,7 @@ import pytest
 import torch
 from huggingface_hub import constants
 from lightning import Trainer, seed_everything
+from lightning.pytorch.utilities.model_summary import summarize
 
 from lightning_template.engine import ExactResume, ResumeCheckpoint
 from lightning_template.engine.cli import ProjectCLI
@@ -270,3 +271,8 @@ def test_the_job_takes_lora_or_trains_from_scratch_in_one_flag(
     weight = "embeddings.word_embeddings.weight"
     built = {k.removeprefix("base_model.model."): v for k, v in cli.model.net.encoder.state_dict().items()}
     assert torch.equal(built[weight], saved[weight]) is pretrained
+
+
+def test_the_model_summary_counts_the_flops_of_one_text(encoders: Path) -> None:
+    model = HFClassifier(backbone=str(saved_encoder("bert", encoders)), num_classes=3, max_length=32)
+    assert model.example_input_array.shape == (1, 32) and summarize(model).total_flops > 0

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from lightning.pytorch.utilities.model_summary import summarize
 
 from lightning_template.engine.cli import main
 from lightning_template.engine.errors import ConfigError
@@ -201,3 +202,8 @@ def test_the_job_over_characters_reports_bits_per_character_and_says_which_promp
 def _write(path: Path, text: str) -> Path:
     path.write_text(text + "\n", encoding="utf-8")
     return path
+
+
+def test_the_model_summary_counts_the_flops_of_one_context() -> None:
+    model = LanguageModel(vocab_size=20, max_length=16, dim=16, depth=1, num_heads=2)
+    assert model.example_input_array.shape == (1, 16) and summarize(model).total_flops > 0

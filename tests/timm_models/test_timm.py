@@ -14,6 +14,7 @@ import pytest
 import torch
 from huggingface_hub import constants
 from lightning import Callback, Trainer, seed_everything
+from lightning.pytorch.utilities.model_summary import summarize
 
 from lightning_template.engine import ExactResume, ResumeCheckpoint
 from lightning_template.engine.cli import ProjectCLI
@@ -212,3 +213,8 @@ def test_the_preset_puts_a_timm_backbone_in_a_job(tmp_path: Path, timm_files: Pa
     assert cli.model.hparams.optimizer["init_args"]["lr"] == 0.002 and cli.model.hparams.warmup_epochs == 1
     assert cli.model.net.get_classifier().out_features == 5 and cli.model.net.img_size == (32, 32)
     assert [c.backbone_lr_ratio for c in cli.trainer.callbacks if isinstance(c, TwoStageFinetuning)] == [1.0]
+
+
+def test_the_model_summary_counts_the_flops_of_one_image() -> None:
+    model = model_of("resnet10t", None)
+    assert model.example_input_array.shape == (1, 1, 28, 28) and summarize(model).total_flops > 0

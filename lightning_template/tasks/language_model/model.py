@@ -112,6 +112,7 @@ class LanguageModel(LightningModule):
         self.net = DecoderNet(vocab_size, max_length, dim, depth, num_heads, dropout)
         self.make_optimizer = optimizer_from_spec(optimizer)
         self.val_loss, self.test_loss = MeanMetric(), MeanMetric()
+        self.example_input_array = torch.zeros(1, max_length, dtype=torch.long)  # one context: the summary's FLOPs
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         return self.net(tokens)

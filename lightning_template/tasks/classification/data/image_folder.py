@@ -247,6 +247,8 @@ class ImageFolderDataModule(DeviceImageTransforms, SplitLoaders, LightningDataMo
         )  # fmt: skip
 
     def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
+        if isinstance(batch, torch.Tensor):  # inputs alone: the model's example_input_array, for its summary
+            return batch
         images, labels = batch
         return (self.normalize(images) if images.dtype == torch.uint8 else images), labels
 

@@ -99,8 +99,10 @@ class DeviceImageTransforms:
     crop_size: int | None = None
     trainer: Any
 
-    def on_after_batch_transfer(self, batch: Batch, dataloader_idx: int) -> Batch:
+    def on_after_batch_transfer(self, batch: Batch | torch.Tensor, dataloader_idx: int) -> Batch | torch.Tensor:
         """uint8 -> normalized float on the device; augmentation only while training."""
+        if isinstance(batch, torch.Tensor):  # inputs alone: the model's example_input_array, for its summary
+            return batch
         images, labels = batch
         training = self.trainer is not None and self.trainer.training
         if training and (self.augment or self.crop_size is not None):

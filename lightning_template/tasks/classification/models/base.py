@@ -42,6 +42,12 @@ Part = Literal["head", "backbone"]
 PREDICTIONS_KEY = "train_predictions"  # the checkpoint's entry of the epoch's predictions so far
 
 
+def one_sequence(max_length: int, pad_id: int | None) -> torch.Tensor:
+    """A text model's example_input_array: one sequence of `max_length` tokens, none of them padding (the model
+    summary counts the FLOPs of its forward)."""
+    return torch.full((1, max_length), 1 if pad_id == 0 else 0)
+
+
 class EvalOutput(TypedDict):
     """What `validation_step` and `test_step` return, for callbacks such as `ConfusionMatrixImage`."""
 
@@ -121,6 +127,8 @@ class ClassificationModule(LightningModule):
             self.net.compile()
             self._compiled = True
             rank_zero_info("torch.compile: model.net compiled once in this process (DDP wraps it afterwards).")
+        if self.compile_net:  # the summary's forward of one sample would compile the network once more
+            self.example_input_array = None
 
     def forward(self, inputs: torch.Tensor) -> torch.Tensor:
         if self.channels_last and inputs.dim() == 4:

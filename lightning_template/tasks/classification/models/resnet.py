@@ -93,6 +93,7 @@ class ResNetClassifier(ClassificationModule):
         # `weights` is declared here, not left to **kwargs: its help (--model.help) must name what ResNet accepts.
         net = ResNetNet(arch, tuple(input_shape), num_classes, head_dropout)
         super().__init__(net, weights=weights, **kwargs)
+        self.example_input_array = torch.zeros(1, *input_shape)  # one image: the summary's FLOPs and sizes
 
     def load_weights(self, weights: str) -> None:
         if Path(weights).suffix in {".pth", ".pt", ".ckpt"} or Path(weights).exists():

@@ -106,3 +106,4 @@ class SimpleCNN(ClassificationModule):
         """
         net = SimpleCNNNet(num_classes, tuple(input_shape), tuple(channels), hidden, dropout, pool, batch_norm)
         super().__init__(net, **kwargs)
+        self.example_input_array = torch.zeros(1, *input_shape)  # one image: the summary's FLOPs and sizes

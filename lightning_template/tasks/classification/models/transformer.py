@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from lightning_template.engine.errors import ConfigError
-from lightning_template.tasks.classification.models.base import ClassificationModule
+from lightning_template.tasks.classification.models.base import ClassificationModule, one_sequence
 from lightning_template.tasks.classification.models.seam import ClassifierNet
 
 
@@ -206,3 +206,7 @@ class TransformerClassifier(ClassificationModule):
             raise ConfigError("TransformerClassifier needs vocab_size (text) or input_shape (images) from the data.")
         net = TransformerNet(adapter, num_classes, max_tokens, dim, depth, num_heads, mlp_ratio, dropout, pooling)
         super().__init__(net, **kwargs)
+        # One sample, for the summary's FLOPs and sizes: a text of max_length tokens, or an image.
+        self.example_input_array = (
+            one_sequence(max_length, pad_id) if vocab_size is not None else torch.zeros(1, *input_shape)
+        )
