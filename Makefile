@@ -99,7 +99,7 @@ seeds: data $(VENV)/.installed-tune
 	$(BIN)/python multirun.py --config $(CONFIG) --seeds 42 7 123 $(ARGS)
 # /extra:search
 
-# What to run after every change (under a minute on 2 idle CPU cores): each job for a few steps, your own model
+# What to run after every change (about 40 s on 2 idle CPU cores): each job for a few steps, your own model
 # and data, resume at a glance, the quick checks. `worksteal`: a process that runs out of tests takes some of the
 # other's, so neither waits at the end.
 FAST_TESTS := -n auto --dist worksteal -m "not slow and not matrix"
@@ -119,7 +119,7 @@ test-newest test-lowest: | $(UV)
 	$(UV) pip list --python $(VENV)/$(@:test-%=%) | grep -E '^(torch|torchvision|lightning|torchmetrics) '
 	$(VENV)/$(@:test-%=%)/bin/python -m pytest $(FAST_TESTS)
 
-# Every test but the setups matrix (about 15 minutes on 2 idle CPU cores): processes, DDP, signals, generated
+# Every test but the setups matrix (about 21 minutes on 2 idle CPU cores): processes, DDP, signals, generated
 # projects, every preset. One process per core, as `make test`; then the tests whose processes meet on a local port,
 # one at a time: a port picked free for one such run could otherwise be taken by another's connections.
 test-all: $(VENV)/.installed-test
