@@ -87,11 +87,9 @@ def test_epoch_counts(tmp_path: Path) -> None:
 
 
 def test_logging_validation_and_stopping_schedule(tmp_path: Path) -> None:
-    ask = lambda t: (li.logs_this_step(t), li.validation_due(t))  # noqa: E731
-    ends = answers(tmp_path, ask, "on_train_batch_end", model=Validated(), max_epochs=1, log_every_n_steps=2,
+    ends = answers(tmp_path, li.validation_due, "on_train_batch_end", model=Validated(), max_epochs=1,
                    limit_val_batches=1, val_check_interval=2)  # fmt: skip
-    assert [logs for logs, _ in ends] == [False, True] * 2, changed("logs_this_step")
-    assert [due for _, due in ends] == [False, True] * 2, changed("validation_due")
+    assert ends == [False, True] * 2, changed("validation_due")
     early = answers(tmp_path, li.may_stop_early, "on_train_epoch_end", max_epochs=3, min_epochs=2)
     assert early == [False, True, True], changed("may_stop_early")
 

@@ -133,6 +133,39 @@ def test_weights_file_loads_everything_but_the_classifier(case: str, tmp_path: P
     assert model.net.get_classifier().out_features == 3
 
 
+def test_the_loss_is_logged_in_every_step_lightning_writes(quick_trainer) -> None:
+    """The classifier logs its training loss only in the steps whose values Lightning writes to the loggers (each
+    `self.log` costs as much as a small step): every row Lightning writes in training has it."""
+    from lightning import Callback
+    from lightning.pytorch.loggers import Logger
+
+    class Rows(Logger):
+        name, version = "rows", 0
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.rows: list[set[str]] = []
+
+        def log_metrics(self, metrics: dict, step: int | None = None) -> None:
+            self.rows.append(set(metrics))
+
+        def log_hyperparams(self, *args, **kwargs) -> None:
+            pass
+
+    class Probe(Callback):  # logged in every batch: Lightning writes it in each step it writes
+        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx: int) -> None:
+            pl_module.log("probe", 1.0)
+
+    rows = Rows()
+    images, labels = torch.randn(64, 1, 28, 28), torch.arange(64) % 4
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(images, labels), batch_size=4)
+    trainer = quick_trainer(max_epochs=2, limit_train_batches=8, accumulate_grad_batches=2, log_every_n_steps=3,
+                            logger=rows, callbacks=[Probe()])  # fmt: skip
+    trainer.fit(SimpleCNN(num_classes=4, input_shape=(1, 28, 28)), train_dataloaders=loader)
+    written = [row for row in rows.rows if "probe" in row]
+    assert len(written) == 2 and all("train_loss" in row for row in written), rows.rows
+
+
 @pytest.mark.slow
 def test_weights_from_a_checkpoint_hold_no_code(tmp_path: Path, quick_trainer, fashion_mnist_dir) -> None:
     from lightning.pytorch.callbacks import ModelCheckpoint

@@ -49,7 +49,6 @@ USED = (
     ("trainer", "_signal_connector.received_sigterm"),
     ("trainer", "_checkpoint_connector._hpc_resume_path"),
     ("trainer", "_signal_connector._slurm_sigusr_handler_fn"),
-    ("trainer", "_logger_connector.should_update_logs"),
     ("ModelCheckpoint", "_last_global_step_saved"),
     ("ModelCheckpoint", "_save_checkpoint"),
     ("ModelCheckpoint", "_should_save_on_train_epoch_end"),
@@ -222,11 +221,6 @@ def closes_accumulation_window(trainer: Trainer) -> bool:
     """Whether the current (or just finished) batch is the last micro-batch of an optimizer step, by Lightning's
     own rule (it also steps on an epoch's last, incomplete window)."""
     return not trainer.fit_loop.epoch_loop._should_accumulate()
-
-
-def logs_this_step(trainer: Trainer) -> bool:
-    """Whether Lightning writes this training step's logged values to the loggers (every `log_every_n_steps`)."""
-    return trainer._logger_connector.should_update_logs
 
 
 def restart_train_iterator(trainer: Trainer) -> None:

@@ -23,7 +23,6 @@ from torchmetrics import MeanMetric
 from torchmetrics.classification import MulticlassAccuracy
 
 from lightning_template.engine.errors import InterfaceError
-from lightning_template.engine.lightning_internals import logs_this_step
 from lightning_template.tasks.classification.callbacks.visual import AugmentedBatchImages, ConfusionMatrixImage
 from lightning_template.tasks.classification.data.contract import ClassificationData, ServableData
 from lightning_template.tasks.classification.input_spec import SPEC_KEY
@@ -135,6 +134,13 @@ class ClassificationModule(LightningModule):
             inputs = inputs.contiguous(memory_format=torch.channels_last)
         return self.net(inputs)
 
+    def logged_by_lightning(self) -> bool:
+        """Whether Lightning writes this training step's logged values to the loggers: every `log_every_n_steps`
+        optimizer steps, and where the run stops. Lightning counts the batches that stepped; with one optimizer and
+        automatic optimization, that is `global_step`."""
+        every, trainer = self.trainer.log_every_n_steps, self.trainer
+        return every > 0 and ((trainer.global_step + 1) % every == 0 or trainer.should_stop)
+
     def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
         inputs, targets = batch
         logits = self(inputs)
@@ -143,7 +149,7 @@ class ClassificationModule(LightningModule):
         self.train_predictions.append((logits.detach().argmax(dim=-1), targets))
         # Only in the steps whose values Lightning writes (every `log_every_n_steps`) and the epoch's last (the
         # console's epoch line): each `self.log` call costs as much as a small step.
-        if self.trainer.is_last_batch or logs_this_step(self.trainer):
+        if self.trainer.is_last_batch or self.logged_by_lightning():
             # sync_dist: under DDP the mean over the processes, which a callback may monitor (the overfit preset)
             self.log("train_loss", loss, prog_bar=True, sync_dist=True)
         if self.trainer.is_last_batch:
