@@ -103,19 +103,33 @@ def copier_cli(*args: str, cwd: Path, env: dict | None = None) -> subprocess.Com
     )  # fmt: skip
 
 
+def without_system_data() -> list[str]:
+    """The start of a command that runs without Debian's data packages, as on a machine that lacks them: their
+    folders hidden in a private mount namespace (Linux, as root). Nothing where that cannot be done."""
+    hidden = [d for d in ("/usr/share/datasets", "/usr/share/games") if Path(d).is_dir()]
+    if os.geteuid() != 0 or not shutil.which("unshare") or not hidden:
+        return []
+    mounts = " && ".join(f"mount -t tmpfs none {d}" for d in hidden)
+    return ["unshare", "-m", "sh", "-c", f'{mounts} && exec "$@"', "sh"]
+
+
 ANSI = re.compile(r"\x1b(\[[0-9;?]*[ -/]*[@-~]|[()][0-9A-Za-z]|[=>])")
 
 
-def copier_in_terminal(args: list[str], replies: list[tuple[str, str]], cwd: Path) -> tuple[int | None, str]:
+def copier_in_terminal(
+    args: list[str], replies: list[tuple[str, str]], cwd: Path, program: list[str] | None = None,
+    env: dict[str, str] | None = None,
+) -> tuple[int | None, str]:  # fmt: skip
     """`copier ARGS` in a pseudo-terminal, as a person types: for each (prompt, keys), waits until the screen shows
     the prompt's words, then types the keys. Returns its exit status and what the terminal showed (escapes removed);
-    a prompt that never comes ends the wait with the status None."""
+    a prompt that never comes ends the wait with the status None. `program`: the command that is Copier (this
+    Python's by default); `env`: its whole environment (this one's by default)."""
     master, slave = pty.openpty()
     fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 50, 200, 0, 0))  # 50 lines of 200 columns
-    environment = {**os.environ, **GIT_IDENTITY, "TERM": "xterm"}
+    environment = {**(os.environ if env is None else env), **GIT_IDENTITY, "TERM": "xterm"}
     process = subprocess.Popen(
-        [sys.executable, "-m", "copier", *args], cwd=cwd, stdin=slave, stdout=slave, stderr=slave, env=environment,
-        start_new_session=True,
+        [*(program or [sys.executable, "-m", "copier"]), *args], cwd=cwd, stdin=slave, stdout=slave, stderr=slave,
+        env=environment, start_new_session=True,
     )  # fmt: skip
     os.close(slave)
     shown = bytearray()

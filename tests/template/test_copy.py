@@ -14,6 +14,7 @@ import itertools
 import json
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -40,6 +41,7 @@ from tests.template.projects import (
     make_project,
     project_files,
     text_of,
+    without_system_data,
 )
 
 # (a) the core alone, the package name derived from the project's; (b) every extra, a longer name; (c) the hf extra
@@ -373,6 +375,25 @@ def test_a_name_given_on_the_command_line_is_refused_in_one_line_and_nothing_is_
     assert folder == "new" or not any((tmp_path / "project").iterdir())
 
 
+@pytest.mark.slow
+def test_the_readmes_command_line_answers_are_what_copier_takes(template: Path, tmp_path: Path) -> None:
+    """The README's example of answers on the command line parses (the extras as a YAML list, even of one; none as
+    []), and an extra given bare ends, as the README says, in Copier's own error: it reads the list before any rule of
+    the template runs (the day Copier takes it, the README's words on it go)."""
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    (example,) = re.findall(r"`(copier copy --trust --defaults -d [^`]*)`", readme)
+    words = shlex.split(example.replace("<template>", str(template)))
+    assert "extras=[search]" in words, example
+    for answer in ("extras=[search]", "extras=[]"):
+        given = [answer if word.startswith("extras=") else word for word in words]
+        done = copier_cli(*given[1:], "--pretend", cwd=tmp_path)
+        assert done.returncode == 0, done.stderr[-3000:]
+    bare = [("extras=search" if word.startswith("extras=") else word) for word in words]
+    done = copier_cli(*bare[1:], "--pretend", cwd=tmp_path)
+    assert done.returncode != 0 and "TypeError: Not a YAML list: 'search'" in done.stderr, done.stderr[-3000:]
+    assert "-d extras=search` ends in its traceback `Not a YAML list`" in readme
+
+
 def test_answers_given_are_refused_before_writing_exactly_when_the_generator_refuses() -> None:
     """Given with -d or --defaults, the answers Copier writes nothing for (copier.yml's `refused`) are the answers
     the generator refuses: no project left half made, none refused that would work."""
@@ -470,16 +491,6 @@ def run(args: list, cwd: Path, env: dict | None = None, succeeds: bool = True) -
         f"{args} exited {done.returncode}\n{done.stdout[-4000:]}\n{done.stderr[-4000:]}"
     )
     return done
-
-
-def without_system_data() -> list[str]:
-    """The start of a command that runs without Debian's data packages, as on a machine that lacks them: their
-    folders hidden in a private mount namespace (Linux, as root). Nothing where that cannot be done."""
-    hidden = [d for d in ("/usr/share/datasets", "/usr/share/games") if Path(d).is_dir()]
-    if os.geteuid() != 0 or not shutil.which("unshare") or not hidden:
-        return []
-    mounts = " && ".join(f"mount -t tmpfs none {d}" for d in hidden)
-    return ["unshare", "-m", "sh", "-c", f'{mounts} && exec "$@"', "sh"]
 
 
 @pytest.mark.parametrize(("given", "installs_with"), [(None, "1"), ("", "1"), ("0", "0"), ("1", "1")])
