@@ -3,11 +3,12 @@
     python export.py --config configs/simple_cnn.yaml --ckpt_path <checkpoint> [--out exports/simple_cnn]
 
 Writes, each checked against the LightningModule on a real validation batch and on a
-batch of another size (the batch axis is dynamic):
+batch of another size (the batch axis is dynamic; for token ids, of another length too):
 - net.ts           TorchScript (torch.jit.load; no Python class needed)
 - net.onnx         ONNX, run with onnxruntime (`uv sync --inexact --extra export` for onnx/onnxruntime)
+                   (a network trained through adapters has them merged into its weights in both)
 - net_state_dict.pt  the bare network's state dict, loadable with torch.load(weights_only=True)
-                   into `<Model>(**hparams).net` (hparams in net_hparams.json)
+                   into `<Model>(**hparams).net` (hparams in net_hparams.json), adapters unmerged
 - serving.json     how raw inputs become the network's input, for `serve.py --onnx_path <out>/net.onnx`
 """
 
@@ -37,12 +38,15 @@ class ExportCLI(ProjectCLI):
 
 
 def real_batches(datamodule: Any) -> tuple[torch.Tensor, torch.Tensor]:
-    """A normalized validation batch, and its first 3 samples as a batch of another size."""
+    """A normalized validation batch, and 3 samples as a batch of another size: its first 3, or for token ids (whose
+    length is dynamic too) the first 3 of the first later batch of another length, where there is one."""
     datamodule.prepare_data()
     datamodule.setup("validate")
-    batch = datamodule.on_after_batch_transfer(next(iter(datamodule.val_dataloader())), 0)
-    inputs = batch[0]
-    return inputs, inputs[:3]
+    batches = (datamodule.on_after_batch_transfer(batch, 0)[0] for batch in datamodule.val_dataloader())
+    inputs = other = next(batches)
+    if inputs.dim() == 2:  # token ids [batch, length]
+        other = next((batch for batch in batches if batch.shape[1] != inputs.shape[1]), inputs)
+    return inputs, other[:3]
 
 
 def report(name: str, path: Path, difference: float, atol: float) -> bool:
@@ -58,6 +62,7 @@ def main() -> None:
     checkpoint = torch.load(config.ckpt_path, map_location="cpu", weights_only=True)
     model.load_state_dict(checkpoint["state_dict"])
     net = model.net.eval()
+    deployed = net.merged().eval()  # adapters merged into the weights they adapt; the state dict keeps them
     out = Path(config.out or f"exports/{type(model).__name__.lower()}")
     out.mkdir(parents=True, exist_ok=True)
     inputs, other = real_batches(datamodule)
@@ -71,7 +76,7 @@ def main() -> None:
     results = []
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # tracer/exporter chatter about constants
-        traced = torch.jit.trace(net, inputs)
+        traced = torch.jit.trace(deployed, inputs)
         torch.jit.save(traced, out / "net.ts")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # torch.jit is deprecated in favour of torch.export, still the portable format
@@ -85,7 +90,7 @@ def main() -> None:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             torch.onnx.export(
-                net, (inputs,), out / "net.onnx", dynamo=False, input_names=["input"], output_names=["logits"],
+                deployed, (inputs,), out / "net.onnx", dynamo=False, input_names=["input"], output_names=["logits"],
                 dynamic_axes={"input": axes, "logits": {0: "batch"}},
             )  # fmt: skip
         session = onnxruntime.InferenceSession(str(out / "net.onnx"), providers=["CPUExecutionProvider"])

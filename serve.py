@@ -20,10 +20,12 @@ from types import FrameType
 import litserve as ls
 from jsonargparse import ArgumentParser, Namespace
 
+from lightning_template.engine.errors import ProjectError
 from lightning_template.script_args import script_parser
 from lightning_template.serving.api import ClassifierAPI, predict_openapi
 from lightning_template.serving.backends import load_backend
 from lightning_template.serving.middleware import CheckRequestBody
+from lightning_template.serving.preprocess import preprocessor
 
 
 def parser() -> ArgumentParser:
@@ -61,6 +63,7 @@ def onnx_accelerator(requested: str) -> str:
 def build_server(args: Namespace) -> ls.LitServer:
     model_path = args.ckpt_path or args.onnx_path
     spec = load_backend(model_path).spec  # fails here, before any worker starts, if the file is unusable
+    field = preprocessor(spec).field  # so does a spec the server cannot read inputs by
     api = ClassifierAPI(
         model_path, max_inputs=args.max_inputs, max_batch_size=args.max_batch_size, batch_timeout=args.batch_timeout
     )
@@ -82,7 +85,7 @@ def build_server(args: Namespace) -> ls.LitServer:
     )
     for route in server.app.routes:
         if getattr(route, "path", None) == "/predict":
-            route.openapi_extra = predict_openapi(spec["kind"], args.max_inputs)
+            route.openapi_extra = predict_openapi(field, args.max_inputs)
     return server
 
 
@@ -99,7 +102,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser().parse_args(argv)
     try:
         server = build_server(args)
-    except (FileNotFoundError, ValueError) as err:
+    except (FileNotFoundError, ValueError, ProjectError) as err:
         sys.exit(f"serve.py: {err}")
     previous = signal.signal(signal.SIGTERM, interrupt)
     try:

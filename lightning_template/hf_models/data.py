@@ -62,6 +62,12 @@ class HFTextDataModule(TextClassificationDataModule):
         self.max_length = state_dict["max_length"]
 
     def serving_spec(self) -> dict[str, Any]:
-        """The classes and the length, of kind `hf_text`: what reads the project's own tokenizer (kind `text`) refuses
-        it rather than tokenize otherwise than training did."""
-        return {"kind": "hf_text", "class_names": list(self.class_names), "max_length": self.max_length}
+        """How a served model reads a text, of kind `hf_text` (what reads the project's own tokenizer, kind `text`,
+        refuses it): the classes, and the tokenizer as its tokenizer.json, which the `tokenizers` library runs without
+        transformers or torch, truncated to max_length on the tokenizer's side, as `encode` does."""
+        tokenizer = self.tokenizer.tokenizer
+        return {
+            "kind": "hf_text", "class_names": list(self.class_names), "max_length": self.max_length,
+            "pad_id": self.pad_id, "truncation_side": tokenizer.truncation_side,
+            "tokenizer": tokenizer.backend_tokenizer.to_str(),
+        }  # fmt: skip

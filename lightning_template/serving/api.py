@@ -29,10 +29,10 @@ UPLOAD_FIELDS = ("file", "files")
 BASE64_FILE = {"type": "string", "contentEncoding": "base64", "description": "an image file (PNG, JPEG, ...)"}
 
 
-def predict_openapi(kind: str, max_inputs: int) -> dict[str, Any]:
+def predict_openapi(field: str, max_inputs: int) -> dict[str, Any]:
     """The `POST /predict` request body for the OpenAPI schema (`/openapi.json`, `/docs`), which LitServe leaves
-    empty because `decode_request` reads the raw request."""
-    field, item = ("texts", {"type": "string", "minLength": 1}) if kind == "text" else ("images", BASE64_FILE)
+    empty because `decode_request` reads the raw request; `field` is the preprocessor's (`texts` or `images`)."""
+    item = {"type": "string", "minLength": 1} if field == "texts" else BASE64_FILE
     one = field.removesuffix("s")
     some = {"minItems": 1, "maxItems": max_inputs}
     as_json = {

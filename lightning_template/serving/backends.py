@@ -18,6 +18,11 @@ from lightning_template.serving.preprocess import softmax
 from lightning_template.tasks.classification.input_spec import SPEC_KEY
 
 SPEC_FILE = "serving.json"  # where export.py writes it next to net.onnx
+# The packages whose LightningModules a checkpoint may name (imported when a checkpoint names them, not before).
+MODEL_PACKAGES = ["lightning_template.tasks"]
+# extra:hf
+MODEL_PACKAGES.append("lightning_template.hf_models")  # HFClassifier: any Hugging Face encoder
+# /extra:hf
 
 
 class Backend(Protocol):
@@ -56,11 +61,11 @@ class TorchBackend:
         module_name, _, class_name = class_path.rpartition(".")
         # Only this project's models: the class path comes from the file, and a checkpoint must not be
         # able to make the server import or call anything else.
-        if not module_name.startswith("lightning_template.tasks."):
-            raise ConfigError(f"{ckpt_path}: the model class {class_path!r} is not of this project's tasks.")
+        if not any(f"{module_name}.".startswith(f"{package}.") for package in MODEL_PACKAGES):
+            raise ConfigError(f"{ckpt_path}: the model class {class_path!r} is not of this project's models.")
         model_class = getattr(importlib.import_module(module_name), class_name, None)
         if not (isinstance(model_class, type) and issubclass(model_class, LightningModule)):
-            raise ConfigError(f"{ckpt_path}: {class_path!r} is not a LightningModule of this project's tasks.")
+            raise ConfigError(f"{ckpt_path}: {class_path!r} is not a LightningModule of this project's models.")
         # Serving never trains: the optimizer is left at the model's default, so its class path (any module
         # the file names) is never imported.
         hparams = {k: v for k, v in hparams.items() if not k.startswith("_") and k != "optimizer"}

@@ -162,7 +162,10 @@ class TextPreprocessor:
             raise BadInput(f"input {index}: empty text.")
         if len(value) > self.max_chars:
             raise BadInput(f"input {index}: {len(value)} characters, more than {self.max_chars}.", status=413)
-        words = split_words(value, self.pattern, self.lowercase)
+        return self.encode(value)
+
+    def encode(self, text: str) -> list[int]:
+        words = split_words(text, self.pattern, self.lowercase)
         return [self.ids.get(word, self.unk_id) for word in words][: self.max_length] or [self.unk_id]
 
     def from_upload(self, data: bytes, index: int) -> list[int]:
@@ -179,15 +182,48 @@ class TextPreprocessor:
 
 
 Preprocessor = ImagePreprocessor | TextPreprocessor
+KINDS: dict[str, type[Preprocessor]] = {"image": ImagePreprocessor, "text": TextPreprocessor}
+# extra:hf
+
+
+class HFTextPreprocessor(TextPreprocessor):
+    """Texts -> int64 token ids [N, longest], padded: a Hugging Face encoder's own tokenizer (its tokenizer.json,
+    which the checkpoint carries), special tokens included and truncated to max_length, as training encoded them;
+    run by the `tokenizers` library, without transformers or torch."""
+
+    def __init__(self, spec: dict[str, Any]) -> None:
+        try:
+            from tokenizers import Tokenizer
+        except ImportError:
+            from lightning_template.engine.errors import MissingPackageError  # here: the other kinds never need it
+
+            raise MissingPackageError(
+                "serving a Hugging Face encoder needs its tokenizer's library: uv sync --inexact --extra hf"
+            ) from None
+        if "tokenizer" not in spec:
+            raise ConfigError(
+                "the serving spec of kind hf_text has no 'tokenizer' (the encoder's tokenizer.json): save the"
+                " checkpoint again with train.py, whose HFTextDataModule writes it."
+            )
+        self.tokenizer = Tokenizer.from_str(spec["tokenizer"])
+        self.tokenizer.no_padding()  # padding is collate's, to the batch's longest text
+        self.tokenizer.enable_truncation(spec["max_length"], direction=spec["truncation_side"])
+        self.pad_id, self.max_chars = spec["pad_id"], spec.get("max_chars", 100_000)
+
+    def encode(self, text: str) -> list[int]:
+        return self.tokenizer.encode(text).ids
+
+
+KINDS["hf_text"] = HFTextPreprocessor
+# /extra:hf
 
 
 def preprocessor(spec: dict[str, Any]) -> Preprocessor:
-    kinds = {"image": ImagePreprocessor, "text": TextPreprocessor}
-    if spec.get("kind") not in kinds:
+    if spec.get("kind") not in KINDS:
         raise ConfigError(
-            f"unknown input kind {spec.get('kind')!r} in the serving spec; expected one of {list(kinds)}."
+            f"unknown input kind {spec.get('kind')!r} in the serving spec; expected one of {list(KINDS)}."
         )
-    return kinds[spec["kind"]](spec)
+    return KINDS[spec["kind"]](spec)
 
 
 def softmax(logits: np.ndarray) -> np.ndarray:

@@ -45,16 +45,17 @@ from tests.template.projects import (
 )
 
 # (a) the core alone, the package name derived from the project's; (b) every extra, a longer name; (c) the hf extra
-# alone, on text.
+# alone, on text; (d) the hf extra with serving (its checkpoints served and exported).
 CORE = {"project_name": "Zeta Vision", "extras": [], "data": "fashion_mnist"}
 FULL = {
     "project_name": "ACME Research", "package_name": "acme_imaging_experiments", "extras": sorted(EXTRAS),
     "data": "text_files",
 }  # fmt: skip
 HF = {"project_name": "Ticket Triage", "extras": ["hf"], "data": "text_files"}
+HF_SERVING = {"project_name": "Ticket Triage", "extras": ["hf", "serving"], "data": "text_files"}
 CASES = {
     "core": (CORE, "zeta_vision", "zeta-vision"), "full": (FULL, "acme_imaging_experiments", "acme-research"),
-    "hf": (HF, "ticket_triage", "ticket-triage"),
+    "hf": (HF, "ticket_triage", "ticket-triage"), "hf_serving": (HF_SERVING, "ticket_triage", "ticket-triage"),
 }  # fmt: skip
 
 
@@ -268,7 +269,8 @@ def check_project(project: Path, answers: dict, package: str, slug: str) -> None
             assert not text or (text.endswith("\n") and not text.endswith("\n\n")), f"{name}: not one last newline"
     assert not mentions_in(project, removed), "files name what the project does not have"
     for path in {path for paths in EXTRAS.values() for path in paths}:  # of one extra, or of two (both kept)
-        present = not any(path in EXTRAS[extra] for extra in removed)
+        # benchmarks/serving.py is serving's, and the benchmarks' as a file of their folder
+        present = not any(f"{path}/".startswith(f"{other}/") for extra in removed for other in EXTRAS[extra])
         assert (project / path.replace("lightning_template", package)).exists() is present, path
     for name in [*GENERATE.TEMPLATE_ONLY, "{{ _copier_conf.answers_file }}.jinja", "lightning_template"]:
         assert not (project / name).exists(), name
@@ -526,9 +528,9 @@ def test_a_lock_that_no_longer_matches_pyproject_stops_make_before_installing(te
 
 
 @pytest.mark.slow
-# The core project and the hf extra's in every run; the one with every extra (its tests are the template's own) in
-# `make matrix`.
-@pytest.mark.parametrize("case", ["core", "hf", pytest.param("full", marks=pytest.mark.matrix)])
+# The core project, the hf extra's alone and with serving in every run; the one with every extra (its tests are the
+# template's own) in `make matrix`.
+@pytest.mark.parametrize("case", ["core", "hf", "hf_serving", pytest.param("full", marks=pytest.mark.matrix)])
 def test_a_generated_project_installs_lints_and_passes_its_tests(case: str, template: Path, tmp_path: Path) -> None:
     """The project's own `make` targets, as its README says to run them: `make test`, `make lint`, `make docs`,
     `make hooks` and a commit through its hooks without the venv activated, `make train` (short). Its venv gets

@@ -45,6 +45,11 @@ class ClassifierNet(nn.Module):
         classifier = {id(p) for p in self.get_classifier().parameters()}
         return [p for p in self.parameters() if id(p) not in classifier]
 
+    def merged(self) -> ClassifierNet:
+        """The network as deployed for inference outside Lightning: itself; a network trained through adapters
+        returns a copy with them merged into the weights they adapt (the same function, no adapter left)."""
+        return self
+
     def no_weight_decay(self) -> set[str]:
         """Names of parameters that must not decay although they are matrices (embeddings, positions)."""
         return set()
