@@ -201,13 +201,16 @@ def tripwires() -> list[str]:
     return found
 
 
-def longest_functions(trees: dict[Path, ast.Module]) -> list[tuple[int, str]]:
-    lengths = []
+def functions(trees: dict[Path, ast.Module]) -> Iterator[tuple[ast.FunctionDef | ast.AsyncFunctionDef, str]]:
+    """Every function of the engine (methods and nested ones too), with where it is: `file:line name`."""
     for file, tree in trees.items():
         for node in ast.walk(tree):
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                lines = node.end_lineno - node.lineno + 1  # type: ignore[operator]
-                lengths.append((lines, f"{file.relative_to(ROOT)}:{node.lineno} {node.name}"))
+                yield node, f"{file.relative_to(ROOT)}:{node.lineno} {node.name}"
+
+
+def longest_functions(trees: dict[Path, ast.Module]) -> list[tuple[int, str]]:
+    lengths = [(node.end_lineno - node.lineno + 1, where) for node, where in functions(trees)]  # type: ignore[operator]
     return sorted(lengths, reverse=True)
 
 
@@ -244,12 +247,7 @@ def radon_complexity(function: ast.FunctionDef | ast.AsyncFunctionDef) -> int:
 
 
 def radon_complexities(trees: dict[Path, ast.Module]) -> list[tuple[int, str]]:
-    scored = []
-    for file, tree in trees.items():
-        for node in ast.walk(tree):
-            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                scored.append((radon_complexity(node), f"{file.relative_to(ROOT)}:{node.lineno} {node.name}"))
-    return sorted(scored, reverse=True)
+    return sorted(((radon_complexity(node), where) for node, where in functions(trees)), reverse=True)
 
 
 MAX_LINES, MAX_COMPLEXITY = 60, 15  # what a reader holds in mind: `make lint` checks them (`--check`)

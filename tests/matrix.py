@@ -25,7 +25,7 @@ import torch
 from lightning import Callback, Trainer, seed_everything
 from lightning.pytorch.callbacks import ModelCheckpoint
 
-from lightning_template.engine import ExactResume, FiniteLossGuard, ResumeCheckpoint
+from lightning_template.engine import FiniteLossGuard, ResumeCheckpoint, exact_resume
 from lightning_template.tasks.classification import (
     FashionMNISTDataModule,
     ImageFolderDataModule,
@@ -136,7 +136,7 @@ def fit(cell: Cell, directory: Path, image_root: Path, *extra: Callback, ckpt_pa
         model = SimpleCNN(
             num_classes=datamodule.num_classes, input_shape=datamodule.input_shape, warmup_epochs=0.5, weights=weights
         )
-    callbacks: list[Callback] = [ExactResume(), ResumeCheckpoint(dirpath=directory), FiniteLossGuard(), *extra]
+    callbacks: list[Callback] = [*exact_resume(), ResumeCheckpoint(dirpath=directory), FiniteLossGuard(), *extra]
     if cell.stage != "plain":
         callbacks.append(TwoStageFinetuning(unfreeze_at_epoch=1, backbone_warmup_epochs=0.5))
     if cell.trigger in ("step-checkpoint", "sigkill"):

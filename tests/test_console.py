@@ -13,7 +13,7 @@ import pytest
 import torch
 from lightning.pytorch.callbacks import RichProgressBar
 
-from lightning_template.engine import ExactResume, ResumeCheckpoint
+from lightning_template.engine import ResumeCheckpoint, exact_resume
 from lightning_template.engine.cli import ProjectCLI, main, project_error
 from lightning_template.engine.console import EpochLines, library_noise_quieted
 from lightning_template.engine.errors import ConfigError
@@ -129,7 +129,7 @@ def test_epoch_lines_show_this_epochs_train_acc_and_time_after_a_mid_epoch_resum
     tmp_path: Path, quick_trainer, capsys, fashion_mnist_dir
 ) -> None:
     def fit(*callbacks, ckpt_path=None):
-        callbacks = [ExactResume(), ResumeCheckpoint(dirpath=tmp_path), *callbacks]
+        callbacks = [*exact_resume(), ResumeCheckpoint(dirpath=tmp_path), *callbacks]
         trainer = quick_trainer(max_epochs=2, enable_progress_bar=True, callbacks=callbacks)
         trainer.fit(SimpleCNN(), datamodule=FashionMNISTDataModule(batch_size=32), ckpt_path=ckpt_path)
         return trainer

@@ -13,7 +13,7 @@ import torch
 from lightning import Callback, seed_everything
 from PIL import Image
 
-from lightning_template.engine import ExactResume, FiniteLossGuard, NonFiniteLossError, ResumeCheckpoint
+from lightning_template.engine import FiniteLossGuard, NonFiniteLossError, ResumeCheckpoint, exact_resume
 from lightning_template.engine.cli import ProjectCLI
 from lightning_template.engine.finite_loss import all_finite
 from lightning_template.engine.lightning_internals import _unit_scale
@@ -43,7 +43,7 @@ class Fault(Callback):
 
 def _fit_until_fault(tmp_path: Path, quick_trainer, fault: Fault | None, ckpt_path: str | None = None):
     seed_everything(0)
-    callbacks = [ExactResume(), ResumeCheckpoint(dirpath=tmp_path), FiniteLossGuard(), *([fault] if fault else [])]
+    callbacks = [*exact_resume(), ResumeCheckpoint(dirpath=tmp_path), FiniteLossGuard(), *([fault] if fault else [])]
     trainer = quick_trainer(max_epochs=2, limit_train_batches=5, callbacks=callbacks)
     trainer.fit(SimpleCNN(), datamodule=FashionMNISTDataModule(), ckpt_path=ckpt_path)
     return trainer

@@ -13,7 +13,7 @@ from lightning import LightningModule, Trainer, seed_everything
 from lightning.pytorch.callbacks import LearningRateMonitor
 from lightning.pytorch.loggers import TensorBoardLogger
 
-from lightning_template.engine import ExactResume, ResumeCheckpoint, ThawedParameterSync
+from lightning_template.engine import ResumeCheckpoint, ThawedParameterSync, exact_resume
 from lightning_template.engine.cli import ProjectCLI
 from lightning_template.engine.errors import ConfigError
 from lightning_template.tasks.classification import (
@@ -39,7 +39,7 @@ def _resnet_fit(
     seed_everything(0)
     model = ResNetClassifier(input_shape=(1, 28, 28), weights=weights, **kw.pop("model", {}))
     trainer = quick_trainer(
-        max_epochs=max_epochs, log_every_n_steps=1, callbacks=[finetuning, ExactResume(), *callbacks], **kw
+        max_epochs=max_epochs, log_every_n_steps=1, callbacks=[finetuning, *exact_resume(), *callbacks], **kw
     )
     trainer.fit(model, datamodule=FashionMNISTDataModule(batch_size=32), ckpt_path=ckpt_path)
     return trainer, model

@@ -24,7 +24,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.demos.boring_classes import BoringModel
 from torch.utils.data import DataLoader, IterableDataset, RandomSampler, TensorDataset
 
-from lightning_template.engine import ExactResume, ResumeCheckpoint
+from lightning_template.engine import ExactResume, ResumeCheckpoint, exact_resume
 from lightning_template.engine.sampling import resumable_loader
 from lightning_template.tasks.classification import FashionMNISTDataModule, SimpleCNN
 
@@ -84,7 +84,7 @@ def teardown_module() -> None:
 
 
 def _fit(
-    directory: Path, *callbacks, ckpt_path: str | None = None, exact_resume: ExactResume | None = None, **trainer_kwargs
+    directory: Path, *callbacks, ckpt_path: str | None = None, resume: list[Callback] | None = None, **trainer_kwargs
 ) -> Trainer:
     seed_everything(3)
     datamodule = FashionMNISTDataModule(batch_size=trainer_kwargs.pop("batch_size", 32), augment=True)
@@ -93,7 +93,7 @@ def _fit(
         max_epochs=3, limit_train_batches=8, limit_val_batches=2, logger=False, enable_progress_bar=False,
         enable_model_summary=False, deterministic=True, num_sanity_val_steps=0,
     )  # fmt: skip
-    callbacks = [exact_resume or ExactResume(), ResumeCheckpoint(dirpath=directory), *callbacks]
+    callbacks = [*(resume or exact_resume()), ResumeCheckpoint(dirpath=directory), *callbacks]
     trainer = Trainer(**{**settings, **trainer_kwargs}, callbacks=callbacks)
     trainer.fit(model, datamodule=datamodule, ckpt_path=ckpt_path)
     return trainer
@@ -115,10 +115,10 @@ def test_sigint_stops_gracefully_and_restores_the_handler(tmp_path: Path, fashio
 @pytest.mark.slow
 def test_a_stop_request_ends_with_the_run_that_received_it(tmp_path: Path, fashion_mnist_dir) -> None:
     """The same callbacks in a later fit of the process (a notebook, a test) do not stop on an old SIGTERM."""
-    exact_resume = ExactResume()
+    resume = exact_resume()
     with pytest.raises(SystemExit):
-        _fit(tmp_path, SignalAtBatch(epoch=0, batch=3, signum=signal.SIGTERM), exact_resume=exact_resume, max_epochs=1)
-    resumed = _fit(tmp_path, exact_resume=exact_resume, max_epochs=1, ckpt_path=str(tmp_path / "last.ckpt"))
+        _fit(tmp_path, SignalAtBatch(epoch=0, batch=3, signum=signal.SIGTERM), resume=resume, max_epochs=1)
+    resumed = _fit(tmp_path, resume=resume, max_epochs=1, ckpt_path=str(tmp_path / "last.ckpt"))
     assert resumed.global_step == 8
 
 
@@ -229,7 +229,7 @@ def test_same_seed_same_run_and_another_seed_another(tmp_path: Path, fashion_mni
         seed_everything(seed)
         trainer = Trainer(
             max_epochs=1, limit_train_batches=6, limit_val_batches=2, logger=False, enable_checkpointing=False,
-            enable_progress_bar=False, enable_model_summary=False, deterministic=True, callbacks=[ExactResume()],
+            enable_progress_bar=False, enable_model_summary=False, deterministic=True, callbacks=exact_resume(),
         )  # fmt: skip
         trainer.fit(SimpleCNN(), datamodule=FashionMNISTDataModule(batch_size=32, augment=True))
         runs.append((trainer.callback_metrics["val_loss"].item(), trainer.lightning_module.state_dict()))
@@ -327,7 +327,7 @@ def test_a_module_copied_or_pickled_during_fit_carries_nothing_of_the_engine(tmp
 
     keep = CopyAtEpochEnd()
     trainer = Trainer(default_root_dir=tmp_path, max_epochs=1, limit_train_batches=2, limit_val_batches=0,
-                      callbacks=[ExactResume(), keep], logger=False, enable_checkpointing=False,
+                      callbacks=[*exact_resume(), keep], logger=False, enable_checkpointing=False,
                       enable_progress_bar=False, enable_model_summary=False)  # fmt: skip
     trainer.fit(BoringModel())
     engine = ExactResume.__module__.partition(".")[0]

@@ -8,6 +8,7 @@ import contextlib
 import signal
 import time
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +20,7 @@ from lightning.pytorch.demos.boring_classes import BoringModel, RandomDataset
 from torch.utils.data import DataLoader
 from torchmetrics import MeanMetric
 
-from lightning_template.engine import ExactResume, ResumeCheckpoint, UnsavedState
+from lightning_template.engine import ResumeCheckpoint, UnsavedState, exact_resume
 from lightning_template.engine.lightning_internals import finish_restarted_epoch, restart_time_budgets
 from lightning_template.engine.unsaved_state import unsaved_values
 from lightning_template.tasks.classification import FashionMNISTDataModule, SimpleCNN
@@ -57,9 +58,9 @@ def fit_epochs(folder: Path, callbacks: list[Callback], ckpt_path: Path | None =
 
 def test_a_run_with_max_steps_resumed_at_an_epochs_end_ends_that_epoch_once(tmp_path: Path) -> None:
     """Lightning ran the restored epoch's end again: a module counting epochs ended with (4, 0.0625), not (3, 0.125)."""
-    full = fit_epochs(tmp_path / "full", [ExactResume(), ResumeCheckpoint(dirpath=tmp_path / "full")])
+    full = fit_epochs(tmp_path / "full", [*exact_resume(), ResumeCheckpoint(dirpath=tmp_path / "full")])
     resumed = fit_epochs(
-        tmp_path / "cut", [ExactResume(), ResumeCheckpoint(dirpath=tmp_path / "cut")], tmp_path / "full/epoch=1.ckpt"
+        tmp_path / "cut", [*exact_resume(), ResumeCheckpoint(dirpath=tmp_path / "cut")], tmp_path / "full/epoch=1.ckpt"
     )
     module = resumed.lightning_module
     assert (module.epochs.item(), module.weight.item()) == (3, 0.125)
@@ -106,11 +107,11 @@ def fit_for_half_a_second(folder: Path, callbacks: list[Callback], resume: bool 
 
 def test_a_run_stopped_by_max_time_goes_on_when_resumed(tmp_path: Path) -> None:
     """Lightning's Timer restored the time trained: the resumed run trained nothing and ended as if finished."""
-    stopped = fit_for_half_a_second(tmp_path, [ExactResume()])
+    stopped = fit_for_half_a_second(tmp_path, exact_resume())
     assert 0 < stopped < 12
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        assert fit_for_half_a_second(tmp_path, [ExactResume()], resume=True) > stopped
+        assert fit_for_half_a_second(tmp_path, exact_resume(), resume=True) > stopped
     # It spoke of a step checkpoint nobody configured, written before a validation it said was skipped.
     assert not [w for w in caught if str(w.message).startswith("ExactResume")], [str(w.message) for w in caught]
 
@@ -148,7 +149,7 @@ def fit_annealed(folder: Path, make: type[Annealed], stop: bool = False) -> tupl
     """2 epochs of 6 batches; `stop`: a SIGTERM after batch 2 of epoch 1, else resumed from last.ckpt if there is
     one. The engine's warnings."""
     stops = [SignalAtBatch(epoch=1, batch=2, signum=signal.SIGTERM)] if stop else []
-    callbacks = [ExactResume(), ResumeCheckpoint(dirpath=folder), UnsavedState(), *stops]
+    callbacks = [*exact_resume(), ResumeCheckpoint(dirpath=folder), UnsavedState(), *stops]
     trainer = Trainer(max_epochs=2, limit_train_batches=6, limit_val_batches=2, callbacks=callbacks, **QUIET)
     seed_everything(7)
     last = folder / "last.ckpt"
@@ -192,50 +193,46 @@ class ShuffledBoring(BoringModel):
         return DataLoader(RandomDataset(32, 64), batch_size=2, shuffle=True)
 
 
-def fit_overfit(folder: Path, stop: bool = False) -> Trainer:
-    """4 batches overfit for 3 epochs; `stop`: a SIGTERM after batch 1 of epoch 1, else resumed from last.ckpt."""
-    stops = [SignalAtBatch(epoch=1, batch=1, signum=signal.SIGTERM)] if stop else []
-    callbacks = [ExactResume(), ResumeCheckpoint(dirpath=folder), *stops]
-    trainer = Trainer(max_epochs=3, overfit_batches=4, limit_val_batches=2, callbacks=callbacks, **QUIET)
+def fit_overfit(folder: Path, fit: Callable[[], dict[str, Any]], stop_at: int | None, **settings: Any) -> Trainer:
+    """`fit()`'s model (and datamodule), made after seeding, overfit by `settings`; `stop_at`: a SIGTERM after that
+    batch of epoch 1, else resumed from last.ckpt where there is one."""
+    stops = [SignalAtBatch(epoch=1, batch=stop_at, signum=signal.SIGTERM)] if stop_at is not None else []
+    callbacks = [*exact_resume(), ResumeCheckpoint(dirpath=folder), *stops]
+    trainer = Trainer(callbacks=callbacks, **settings, **QUIET)
     seed_everything(7)
     last = folder / "last.ckpt"
     with contextlib.suppress(SystemExit):
-        trainer.fit(ShuffledBoring(), ckpt_path=last if last.exists() and not stop else None)
+        trainer.fit(**fit(), ckpt_path=last if last.exists() and not stops else None)
     return trainer
 
 
 def test_overfit_batches_resumed_inside_an_epoch_is_exact(tmp_path: Path) -> None:
     """Lightning's sequential sampler took the engine's place and the resumed run trained the epoch's first batches
     again, while the resume said it continued after them."""
-    full = fit_overfit(tmp_path / "full")
-    fit_overfit(tmp_path / "cut", stop=True)
+    settings = dict(max_epochs=3, overfit_batches=4, limit_val_batches=2)
+    full = fit_overfit(tmp_path / "full", lambda: {"model": ShuffledBoring()}, None, **settings)
+    fit_overfit(tmp_path / "cut", lambda: {"model": ShuffledBoring()}, 1, **settings)
     assert (
         torch.load(tmp_path / "cut/last.ckpt", weights_only=True)["global_step"] == 4 + 3
     )  # the stop comes at the next step
-    resumed = fit_overfit(tmp_path / "cut")
+    resumed = fit_overfit(tmp_path / "cut", lambda: {"model": ShuffledBoring()}, None, **settings)
     assert resumed.global_step == full.global_step == 12
     assert same_state(full.lightning_module.state_dict(), resumed.lightning_module.state_dict())
 
 
-def fit_task_overfit(folder: Path, stop: bool = False) -> Trainer:
-    """The project's own task (its datamodule's EpochSampler) with overfit_batches, stopped or resumed as above."""
-    stops = [SignalAtBatch(epoch=1, batch=0, signum=signal.SIGTERM)] if stop else []
-    callbacks = [ExactResume(), ResumeCheckpoint(dirpath=folder), *stops]
-    trainer = Trainer(max_epochs=2, overfit_batches=3, limit_val_batches=1, callbacks=callbacks, **QUIET)
-    seed_everything(7)
-    last = folder / "last.ckpt"
-    with contextlib.suppress(SystemExit):
-        data = FashionMNISTDataModule(batch_size=16, augment=True)
-        trainer.fit(SimpleCNN(), datamodule=data, ckpt_path=last if last.exists() and not stop else None)
-    return trainer
+def the_task() -> dict[str, Any]:
+    """The project's own task (its datamodule's EpochSampler)."""
+    datamodule = FashionMNISTDataModule(batch_size=16, augment=True)
+    return {"model": SimpleCNN(), "datamodule": datamodule}
 
 
 @pytest.mark.slow
 def test_overfit_batches_of_a_task_resumed_inside_an_epoch_is_exact(tmp_path: Path, fashion_mnist_dir) -> None:
     """configs/presets/overfit.yaml on simple_cnn differed in 14 tensors: the datamodule's EpochSampler was replaced."""
-    full = fit_task_overfit(tmp_path / "full")
-    fit_task_overfit(tmp_path / "cut", stop=True)
+    settings = dict(max_epochs=2, overfit_batches=3, limit_val_batches=1)
+    full = fit_overfit(tmp_path / "full", the_task, None, **settings)
+    fit_overfit(tmp_path / "cut", the_task, 0, **settings)
     assert torch.load(tmp_path / "cut/last.ckpt", weights_only=True)["global_step"] == 3 + 2
-    resumed = fit_task_overfit(tmp_path / "cut")
+    resumed = fit_overfit(tmp_path / "cut", the_task, None, **settings)
     assert resumed.global_step == full.global_step == 6
     assert same_state(full.lightning_module.state_dict(), resumed.lightning_module.state_dict())

@@ -17,11 +17,13 @@ _WHERE = {
     "EpochMetrics": "epoch_metrics",
     "ExactResume": "resume",
     "FiniteLossGuard": "finite_loss",
+    "GracefulStop": "stopping",
     "NonFiniteLossError": "finite_loss",
     "ProcessGroupTeardown": "process_group",
     "ResumeCheckpoint": "resume",
     "ThawedParameterSync": "process_group",
     "UnsavedState": "unsaved_state",
+    "exact_resume": "resume",
 }
 __all__ = sorted(_WHERE)
 

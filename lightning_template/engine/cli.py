@@ -70,7 +70,7 @@ from lightning_template.engine.monitor import (
 )
 from lightning_template.engine.predictions import CSVPredictionWriter
 from lightning_template.engine.process_group import ProcessGroupTeardown, ThawedParameterSync, leave
-from lightning_template.engine.resume import ExactResume, ResumeCheckpoint
+from lightning_template.engine.resume import ResumeCheckpoint, exact_resume
 from lightning_template.engine.storage import check_folder
 from lightning_template.engine.tracking import (
     EXPERIMENT_ARG,
@@ -99,7 +99,7 @@ def installed_callbacks() -> list[Any]:
     console's progress."""
     return [
         CheckpointFacts(),  # first: a resume with another seed is refused before ExactResume says it continues
-        ExactResume(),
+        *exact_resume(),  # ExactResume, then GracefulStop: in each hook a batch is seeded before a stop after it
         ProcessGroupTeardown(),
         ThawedParameterSync(),
         ResumeCheckpoint(),

@@ -12,21 +12,18 @@ For any LightningModule and LightningDataModule. What a resumed run must reprodu
   `seeded_sample`);
 - model, optimizer, scheduler and loop state: Lightning's checkpoint.
 
-Stopping: SIGTERM (cluster pre-emption, `kill`) and the first Ctrl-C stop at the next optimizer-step boundary
-(never between the micro-batches of one accumulated step; after the validation due after that step; after an
-epoch's last batch, at the epoch's end), all DDP ranks at the same one, and `ResumeCheckpoint` writes `last.ckpt`
-there; a second Ctrl-C aborts at once and writes a checkpoint only if the loop happens to be at such a boundary. A
-checkpoint is never written in the middle of a step or with non-finite weights.
+Stopping: `GracefulStop` (engine/stopping.py) stops at the next optimizer-step boundary on SIGTERM, Ctrl-C or
+SLURM's requeue signal, and `ResumeCheckpoint` writes `last.ckpt` there. A checkpoint is never written in the middle
+of a step or with non-finite weights.
+
+`exact_resume()` gives its callbacks, in the order they run.
 """
 
 from __future__ import annotations
 
-import os
-import signal
-import threading
 import warnings
 from collections.abc import Callable
-from typing import Any, Literal
+from typing import Any
 
 import torch
 from lightning import Callback, LightningModule, Trainer
@@ -36,10 +33,8 @@ from lightning.pytorch.callbacks import (
     StochasticWeightAveraging,
     WeightAveraging,
 )
-from lightning.pytorch.plugins.environments import SLURMEnvironment
 from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
-from lightning.pytorch.utilities.exceptions import SIGTERMException
 from lightning.pytorch.utilities.model_helpers import is_overridden
 from lightning.pytorch.utilities.warnings import PossibleUserWarning
 from torch.nn import SyncBatchNorm
@@ -51,7 +46,6 @@ from lightning_template.engine.lightning_internals import (
     batches_done,
     call_before_batch_hooks,
     closes_accumulation_window,
-    cluster_environment,
     epoch_counts,
     finish_restarted_epoch,
     is_batch_norm,
@@ -61,7 +55,6 @@ from lightning_template.engine.lightning_internals import (
     load_train_loader_states,
     mark_saved_at,
     may_stop_early,
-    requeue_slurm_job,
     restart_time_budgets,
     restart_train_iterator,
     restarted_mid_epoch,
@@ -70,8 +63,6 @@ from lightning_template.engine.lightning_internals import (
     skips_due_validation_at_its_end,
     start_next_epoch,
     step_plateau_scheduler,
-    stop_after_this_step,
-    validation_due,
     wrap_train_loader,
 )
 from lightning_template.engine.monitor import early_stopping_decided
@@ -83,6 +74,7 @@ from lightning_template.engine.sampling import (
     resumable_loader,
     seed_host,
 )
+from lightning_template.engine.stopping import GracefulStop, epoch_ends_here
 from lightning_template.engine.storage import write_checkpoints_whole
 
 
@@ -175,11 +167,6 @@ def few(names: list[str]) -> str:
 def at_step_boundary(trainer: Trainer) -> bool:
     """No step is half done: no batch between forward and end, no accumulated gradient pending."""
     return not batch_in_progress(trainer) and closes_accumulation_window(trainer)
-
-
-def epoch_ends_here(trainer: Trainer) -> bool:
-    """The batch just trained is the epoch's last, or the run's (`max_steps`): Lightning ends the epoch next."""
-    return last_batch_trained(trainer) or 0 <= trainer.max_steps <= trainer.global_step
 
 
 def plateau_schedulers(trainer: Trainer) -> list[Any]:
@@ -310,20 +297,15 @@ class ExactResume(Callback):
     - `setup`: the training loader is wrapped to continue from the loop's position (`resumable_loader`);
     - `state_dict`: what a mid-epoch resume must find the same (batch size, world size, streamed workers), what
       a ReduceLROnPlateau waits for, and in manual optimization the gradients not yet stepped with;
-    - `on_train_start`: signal handlers, the per-batch seeding, and, when resumed, each way Lightning's restored
-      loop differs from the run never stopped, put right or said in one line;
-    - the per-batch seeding; the graceful stop at a step boundary; `_restore` undoes what `on_train_start` did.
+    - `on_train_start`: the per-batch seeding, and, when resumed, each way Lightning's restored loop differs from
+      the run never stopped, put right or said in one line;
+    - the per-batch seeding; `_restore` undoes what `on_train_start` did.
     The flags of `__init__` carry a resume's state from `on_train_start` to the epoch's start and end."""
 
     def __init__(self) -> None:
         self._trainer: Trainer | None = None
         self._seed = 0  # the run's --seed_everything
         self._saved: dict[str, Any] | None = None
-        self._previous_handlers: dict[int, Any] = {}
-        self._stop_requested = False
-        self._requeue_signal: int | None = None  # SLURM's requeue signal, once received
-        self._requeue_installed = False
-        self._requeue_at_exit = False  # decided: Lightning's requeue once the step's every hook has run
         self._warnings: warnings.catch_warnings | None = None  # Lightning's warning silenced for this run
         self._inexact: str | None = None  # why the training loader cannot continue mid-epoch, if it cannot
         self._plateau_at_epoch_end = False  # the restarted epoch's plateau step: Lightning's to take at its end
@@ -378,7 +360,6 @@ class ExactResume(Callback):
         restart_time_budgets(trainer, checkpoint)  # a stop of --trainer.max_time is a pause: the resumed run goes on
 
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        self._install_signal_handlers(trainer)
         self._undo_batch_hooks = call_before_batch_hooks(trainer, self._seed_training_batch)
         self._seeded_at_hand_over = False
         self._trainer_loop_skipped = False
@@ -650,80 +631,17 @@ class ExactResume(Callback):
     def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, *args: Any) -> None:
         if not self._seeded_at_hand_over:  # a training_step that takes a `dataloader_iter`: no batch hooks run
             self._seed_batch(trainer, batches_done(trainer))
-        # A stop waits for the validation due after this batch (Lightning would cut it short, and the resumed run
-        # would go on without it) and, after an epoch's last batch or the run's last step, for the epoch's end: its
-        # validation and epoch-end checkpoint would otherwise be skipped by the resumed run.
-        if closes_accumulation_window(trainer) and not epoch_ends_here(trainer):
-            self._stop_if_requested(trainer, at="step")
 
     def on_validation_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         if trainer.state.fn == TrainerFn.FITTING and not trainer.sanity_checking:  # validation inside an epoch
             self._seed_batch(trainer, batches_done(trainer))
-            if closes_accumulation_window(trainer) and not epoch_ends_here(trainer):
-                self._stop_if_requested(trainer, at="validation")
 
     def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         if self._plateau_at_epoch_end:
             self._plateau_at_epoch_end = False
             let_lightning_step_plateau_schedulers(trainer)
-        self._stop_if_requested(trainer)
-
-    # -- graceful stop -----------------------------------------------------------------------
-    def _install_signal_handlers(self, trainer: Trainer) -> None:
-        # Replaces Lightning's SIGTERM handler for the run: a stop is decided at a step boundary. On
-        # SLURM with auto-requeue, also its requeue signal (SIGUSR1): Lightning's handler would save the
-        # checkpoint wherever the signal lands, inside a step and at a different step on each rank.
-        self._stop_requested, self._requeue_signal = False, None  # a request stops the run it came in, no later one
-        self._requeue_at_exit = self._requeue_installed = False
-        if threading.current_thread() is not threading.main_thread():
-            return
-        self._previous_handlers = {
-            signal.SIGTERM: signal.signal(signal.SIGTERM, self._request_stop),
-            signal.SIGINT: signal.signal(signal.SIGINT, self._graceful_sigint),
-        }
-        environment = cluster_environment(trainer)
-        if isinstance(environment, SLURMEnvironment) and environment.auto_requeue and environment.requeue_signal:
-            requeue = environment.requeue_signal
-            self._previous_handlers[requeue] = signal.signal(requeue, self._request_requeue)
-            self._requeue_installed = True
-
-    def _graceful_sigint(self, signum: int, frame: Any) -> None:
-        rank_zero_info("Ctrl-C: stopping at the next step boundary and saving a checkpoint (press again to abort).")
-        signal.signal(signal.SIGINT, signal.default_int_handler)
-        os.kill(os.getpid(), signal.SIGTERM)
-
-    def _request_stop(self, signum: int, frame: Any) -> None:
-        self._stop_requested = True  # no collective call inside a signal handler: decided at the boundary
-
-    def _request_requeue(self, signum: int, frame: Any) -> None:
-        self._requeue_signal = signum
-
-    def _stop_if_requested(self, trainer: Trainer, at: Literal["step", "validation", "epoch"] = "epoch") -> None:
-        """Stop here (at a step's, a validation's or an epoch's end) if any rank was asked to."""
-        if trainer.received_sigterm:  # decided at a validation's end, which max_steps follows with the epoch's end
-            return
-        requested, requeue = self._stop_requested, self._requeue_signal is not None
-        if trainer.world_size > 1:  # every rank stops at the same step if any rank was asked to
-            requested = trainer.strategy.reduce_boolean_decision(requested, all=False)
-            if self._requeue_installed:  # a second collective only where SLURM can ask for a requeue
-                requeue = trainer.strategy.reduce_boolean_decision(requeue, all=False)
-        if not (requested or requeue) or (at == "step" and validation_due(trainer)):
-            return
-        if requeue and at == "validation":
-            # A requeue's checkpoint, written once the step's hooks have run, would count the step's end twice after
-            # a validation (Lightning's rule for a restart there): it waits for the next step.
-            return
-        self._requeue_at_exit = requeue
-        rank_zero_info(
-            f"Stopping after optimizer step {trainer.global_step} (SIGTERM, Ctrl-C or requeue); last.ckpt keeps it:"
-            " the same command with --ckpt_path last continues."
-        )
-        stop_after_this_step(trainer)  # Lightning raises SIGTERMException next
 
     def _restore(self) -> None:
-        for signum, handler in self._previous_handlers.items():
-            signal.signal(signum, handler)
-        self._previous_handlers = {}
         if self._undo_batch_hooks is not None:
             self._undo_batch_hooks()
             self._undo_batch_hooks = None
@@ -748,11 +666,11 @@ class ExactResume(Callback):
             warn_skipped_validation(trainer.current_epoch, batches_done(trainer))
 
     def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
-        if self._requeue_at_exit and isinstance(exception, SIGTERMException):
-            # Lightning's own requeue, on every rank at the step the stop was decided at, once its hooks have run (the
-            # best checkpoint's save after a validation or at an epoch's end among them): hpc_ckpt_<n>.ckpt in
-            # default_root_dir (the requeued job resumes from it), then `scontrol requeue` from rank 0.
-            self._requeue_at_exit = False
-            rank_zero_info(f"SLURM requeue signal: saving and requeueing after optimizer step {trainer.global_step}.")
-            requeue_slurm_job(trainer, self._requeue_signal or signal.SIGUSR1)
         self._restore()
+
+
+def exact_resume() -> list[Callback]:
+    """The callbacks of exact resume, in the order they must run in each hook: `ExactResume` seeds a batch and puts
+    an epoch's restart right before `GracefulStop` decides whether to stop after it (the checkpoint written there
+    holds what they set). engine/cli.py installs them, before `ResumeCheckpoint`."""
+    return [ExactResume(), GracefulStop()]

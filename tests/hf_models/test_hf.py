@@ -18,7 +18,7 @@ from huggingface_hub import constants
 from lightning import Trainer, seed_everything
 from lightning.pytorch.utilities.model_summary import summarize
 
-from lightning_template.engine import ExactResume, ResumeCheckpoint
+from lightning_template.engine import ResumeCheckpoint, exact_resume
 from lightning_template.engine.cli import ProjectCLI
 from lightning_template.engine.errors import ProjectError
 from lightning_template.hf_models import HFClassifier, HFTextDataModule, MaskedLMPretraining, MaskedTextDataModule
@@ -60,7 +60,7 @@ def fit(encoder: Path, texts: Path, directory: Path, *callbacks: Any, lora: int 
     trainer = Trainer(
         max_epochs=2, limit_train_batches=3, limit_val_batches=1, logger=False, enable_progress_bar=False,
         enable_model_summary=False, deterministic=True, num_sanity_val_steps=0,
-        callbacks=[ExactResume(), ResumeCheckpoint(dirpath=directory), TwoStageFinetuning(unfreeze_at_epoch=1,
+        callbacks=[*exact_resume(), ResumeCheckpoint(dirpath=directory), TwoStageFinetuning(unfreeze_at_epoch=1,
                    backbone_warmup_epochs=0.5), *callbacks],
     )  # fmt: skip
     trainer.fit(model, datamodule=datamodule, ckpt_path=ckpt_path)
@@ -219,7 +219,7 @@ def pretrain(texts: Path, directory: Path, *callbacks: Any, ckpt_path: Path | No
     trainer = Trainer(
         max_epochs=2, limit_train_batches=3, limit_val_batches=1, logger=False, enable_progress_bar=False,
         enable_model_summary=False, deterministic=True, num_sanity_val_steps=0,
-        callbacks=[ExactResume(), ResumeCheckpoint(dirpath=directory), *callbacks],
+        callbacks=[*exact_resume(), ResumeCheckpoint(dirpath=directory), *callbacks],
     )  # fmt: skip
     trainer.fit(model, datamodule=datamodule, ckpt_path=ckpt_path)
     return model

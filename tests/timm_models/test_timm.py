@@ -16,7 +16,7 @@ from huggingface_hub import constants
 from lightning import Callback, Trainer, seed_everything
 from lightning.pytorch.utilities.model_summary import summarize
 
-from lightning_template.engine import ExactResume, ResumeCheckpoint
+from lightning_template.engine import ResumeCheckpoint, exact_resume
 from lightning_template.engine.cli import ProjectCLI
 from lightning_template.tasks.classification import FashionMNISTDataModule, TwoStageFinetuning
 from lightning_template.tasks.classification.models.pretrained import PROXY_VARIABLES, WeightsError
@@ -93,7 +93,7 @@ def fit(backbone: str, weights: str, directory: Path, *callbacks: Callback, ckpt
     trainer = Trainer(
         max_epochs=2, limit_val_batches=1, logger=False, enable_progress_bar=False, enable_model_summary=False,
         deterministic=True, num_sanity_val_steps=0,
-        callbacks=[ExactResume(), ResumeCheckpoint(dirpath=directory), finetuning, *callbacks],
+        callbacks=[*exact_resume(), ResumeCheckpoint(dirpath=directory), finetuning, *callbacks],
     )  # fmt: skip
     trainer.fit(model, datamodule=datamodule, ckpt_path=ckpt_path)
     return trainer, model

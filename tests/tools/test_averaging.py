@@ -10,7 +10,7 @@ import pytest
 import torch
 from lightning import Callback, Trainer, seed_everything
 
-from lightning_template.engine import ExactResume, ResumeCheckpoint
+from lightning_template.engine import ResumeCheckpoint, exact_resume
 from lightning_template.tasks.classification import FashionMNISTDataModule, SimpleCNN, TwoStageFinetuning
 from lightning_template.tools import EMAWeightAveraging, SWAWeightAveraging
 
@@ -24,7 +24,7 @@ def _fit(directory: Path, averaging: Callback, *callbacks: Callback, ckpt_path: 
     trainer = Trainer(
         max_epochs=3, limit_train_batches=4, limit_val_batches=2, logger=False, enable_progress_bar=False,
         enable_model_summary=False, deterministic=True, num_sanity_val_steps=0,
-        callbacks=[averaging, ExactResume(), ResumeCheckpoint(dirpath=directory), *callbacks],
+        callbacks=[averaging, *exact_resume(), ResumeCheckpoint(dirpath=directory), *callbacks],
     )  # fmt: skip
     trainer.fit(model, datamodule=FashionMNISTDataModule(batch_size=32, augment=True), ckpt_path=ckpt_path)
     return trainer
