@@ -15,7 +15,13 @@ import yaml
 from jsonargparse import ArgumentParser, Namespace
 from lightning.pytorch.callbacks import LearningRateMonitor
 
-from lightning_template.engine import ExactResume, FiniteLossGuard, GracefulStop, ResumeCheckpoint
+from lightning_template.engine import (
+    ExactResume,
+    FiniteLossGuard,
+    GracefulStop,
+    ResumableBatches,
+    ResumeCheckpoint,
+)
 from lightning_template.engine.cli import ProjectCLI, main, named_subcommand
 from lightning_template.engine.errors import ConfigError, MissingFileError, StorageError
 from lightning_template.engine.monitor import EarlyStop
@@ -66,7 +72,8 @@ def test_every_job_config_is_a_short_delta_that_trains_a_few_steps(
     linked = [name for name in cli.datamodule.model_facts if name in cli.model.hparams]
     assert linked and all(cli.model.hparams[name] == getattr(cli.datamodule, name) for name in linked)
     types = {type(c) for c in cli.trainer.callbacks}
-    assert {ExactResume, GracefulStop, ResumeCheckpoint, FiniteLossGuard, LearningRateMonitor, EarlyStop} <= types
+    engine = {ResumableBatches, ExactResume, GracefulStop, ResumeCheckpoint, FiniteLossGuard}
+    assert {*engine, LearningRateMonitor, EarlyStop} <= types
     assert cli.config.trainer.logger.init_args.name == config.stem  # the run is named after its config file
     cli.trainer.fit(cli.model, datamodule=cli.datamodule)
     assert cli.trainer.global_step == 2 and "val_loss" in cli.trainer.callback_metrics

@@ -12,7 +12,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from lightning_template.engine import ExactResume, ProcessGroupTeardown
+from lightning_template.engine import ProcessGroupTeardown, ResumableBatches
 
 from tests.conftest import ROOT, run_cli
 from tests.helpers import free_port, max_difference
@@ -143,7 +143,7 @@ def test_ranks_draw_their_own_random_numbers_reproducibly() -> None:
 
     draws = []
     for rank in (0, 1, 0):
-        ExactResume().on_train_epoch_start(At(rank), None)
+        ResumableBatches().on_train_epoch_start(At(rank), None)
         draws.append(torch.rand(4))
     assert not torch.equal(draws[0], draws[1]) and torch.equal(draws[0], draws[2])
 

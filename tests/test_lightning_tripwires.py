@@ -229,7 +229,7 @@ def test_tripwire_workers_prefetch_before_the_sampler_epoch_is_set(tmp_path: Pat
     assert epoch[0] != epoch[1]
     # The resumed run's epoch 1 comes in epoch 0's order: its workers drew the indices before set_epoch(1).
     assert [sample for _, sample in model.seen] == epoch[0], fixed_by_lightning(
-        "the restart of the training iterator in ExactResume._restart_loader"
+        "the restart of the training iterator in ResumableBatches.restart"
         " (lightning_internals.restart_train_iterator) and sampling.EpochSampler's reading of the epoch from the loop",
         "Lightning #21938",
     )

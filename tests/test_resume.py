@@ -108,7 +108,7 @@ def test_sigint_stops_gracefully_and_restores_the_handler(tmp_path: Path, fashio
         assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
     finally:
         signal.signal(signal.SIGINT, previous)
-    # Signalled after ExactResume looked at batch 4's end: the stop comes at the next boundary.
+    # Signalled after GracefulStop looked at batch 4's end: the stop comes at the next boundary.
     assert torch.load(tmp_path / "last.ckpt", weights_only=True)["global_step"] == 8 + 6
 
 
@@ -213,13 +213,16 @@ def test_checkpoints_hold_no_device_random_state(tmp_path: Path, fashion_mnist_d
     """Every batch's random stream comes from (seed, epoch, batch, rank): nothing tied to a device or a
     rank is saved, so resuming on fewer GPUs or under DDP restores every rank's own stream."""
     _fit(tmp_path, StopAfterEpoch(0))
-    state = torch.load(tmp_path / "last.ckpt", weights_only=True)["callbacks"]["ExactResume"]
+    states = torch.load(tmp_path / "last.ckpt", weights_only=True)["callbacks"]
+    state = states["ExactResume"]
     metrics = state.pop("metrics")  # the run's metrics as they are, which a resumed run starts with
     assert "val_loss" in metrics and {value.device.type for value in metrics.values()} == {"cpu"}
     assert state == {
-        "batch_size": 32, "world_size": 1, "should_stop": True,  # StopAfterEpoch stops the run as a user's code does
+        "should_stop": True,  # StopAfterEpoch stops the run as a user's code does
         "frozen": [], "fixed_statistics": [],  # nothing of the model is frozen
     }  # fmt: skip
+    assert states["ResumableBatches"] == {"batch_size": 32, "world_size": 1}
+    assert "GracefulStop" not in states
 
 
 @pytest.mark.slow
@@ -310,7 +313,7 @@ class _OwnLoader(DataLoader):
     ],
 )
 def test_a_loader_that_cannot_continue_mid_epoch_is_kept_as_it_is_with_the_reason(make, why) -> None:
-    """What ExactResume warns with (once at the start of fit, again at a mid-epoch resume): each reason named."""
+    """What ResumableBatches warns with (once at the start of fit, again at a mid-epoch resume): each reason named."""
     data = TensorDataset(torch.arange(16.0))
     loader = make(data)
     kept, reason = resumable_loader(loader, trainer=None)

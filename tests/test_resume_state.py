@@ -21,6 +21,7 @@ from torch.utils.data import DataLoader
 from torchmetrics import MeanMetric
 
 from lightning_template.engine import ResumeCheckpoint, UnsavedState, exact_resume
+from lightning_template.engine.errors import ConfigError
 from lightning_template.engine.lightning_internals import finish_restarted_epoch, restart_time_budgets
 from lightning_template.engine.unsaved_state import unsaved_values
 from lightning_template.tasks.classification import FashionMNISTDataModule, SimpleCNN
@@ -189,8 +190,12 @@ def test_unsaved_values_are_buffers_left_out_of_the_state_dict_and_plain_attribu
 class ShuffledBoring(BoringModel):
     """BoringModel's data in a shuffled DataLoader: Lightning turns the shuffle off under --trainer.overfit_batches."""
 
+    def __init__(self, batch_size: int = 2) -> None:
+        super().__init__()
+        self.batch_size = batch_size
+
     def train_dataloader(self) -> DataLoader:
-        return DataLoader(RandomDataset(32, 64), batch_size=2, shuffle=True)
+        return DataLoader(RandomDataset(32, 64), batch_size=self.batch_size, shuffle=True)
 
 
 def fit_overfit(folder: Path, fit: Callable[[], dict[str, Any]], stop_at: int | None, **settings: Any) -> Trainer:
@@ -218,6 +223,31 @@ def test_overfit_batches_resumed_inside_an_epoch_is_exact(tmp_path: Path) -> Non
     resumed = fit_overfit(tmp_path / "cut", lambda: {"model": ShuffledBoring()}, None, **settings)
     assert resumed.global_step == full.global_step == 12
     assert same_state(full.lightning_module.state_dict(), resumed.lightning_module.state_dict())
+
+
+def as_written_before_the_split(path: Path) -> None:
+    """A checkpoint in the layout of the engine whose ExactResume was the one callback of exact resume: the state
+    of ResumableBatches (the batches' shape) inside ExactResume's."""
+    checkpoint = torch.load(path, weights_only=True)
+    states = checkpoint["callbacks"]
+    states["ExactResume"] = {**states.pop("ResumableBatches"), **states["ExactResume"]}
+    torch.save(checkpoint, path)
+
+
+def test_a_checkpoint_written_before_the_split_resumes_exactly_and_keeps_its_batches(tmp_path: Path) -> None:
+    """Written inside an epoch with all of exact resume's state under ExactResume: resumed as the run never stopped,
+    and refused with another batch size, as when it was written."""
+    settings = dict(max_epochs=2, overfit_batches=4, limit_val_batches=1)
+    full = fit_overfit(tmp_path / "full", lambda: {"model": ShuffledBoring()}, None, **settings)
+    fit_overfit(tmp_path / "cut", lambda: {"model": ShuffledBoring()}, 1, **settings)
+    as_written_before_the_split(tmp_path / "cut/last.ckpt")
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other/last.ckpt").write_bytes((tmp_path / "cut/last.ckpt").read_bytes())
+    resumed = fit_overfit(tmp_path / "cut", lambda: {"model": ShuffledBoring()}, None, **settings)
+    assert resumed.global_step == full.global_step == 8
+    assert same_state(full.lightning_module.state_dict(), resumed.lightning_module.state_dict())
+    with pytest.raises(ConfigError, match="other batches \\(batch_size 2 -> 4\\)"):
+        fit_overfit(tmp_path / "other", lambda: {"model": ShuffledBoring(batch_size=4)}, None, **settings)
 
 
 def the_task() -> dict[str, Any]:

@@ -14,9 +14,9 @@ from lightning.pytorch.demos.boring_classes import BoringModel
 from lightning.pytorch.profilers import PassThroughProfiler
 from lightning.pytorch.trainer import call
 
+from lightning_template.engine.batches import seed_all
 from lightning_template.engine.cli import ProjectCLI
 from lightning_template.engine.lightning_internals import skip_idle_hooks
-from lightning_template.engine.resume import seed_all
 from lightning_template.tasks.classification import FashionMNISTDataModule, SimpleCNN
 
 from tests.conftest import QUICK, ROOT
@@ -27,7 +27,7 @@ def test_seeding_per_batch_sets_torch_manual_seed_states_in_microseconds() -> No
     ours = torch.rand(4), torch.randn(2)
     torch.manual_seed(1234)
     assert torch.equal(ours[0], torch.rand(4)) and torch.equal(ours[1], torch.randn(2))
-    # ExactResume seeds every training batch. torch.manual_seed costs ~2 ms per call on this kind of CPU while
+    # ResumableBatches seeds every training batch. torch.manual_seed costs ~2 ms per call on this kind of CPU while
     # CUDA is not initialized (it formats a stack trace for deferred CUDA seeding): 2 ms per step of overhead.
     timings = []
     for _ in range(50):

@@ -20,6 +20,7 @@ _WHERE = {
     "GracefulStop": "stopping",
     "NonFiniteLossError": "finite_loss",
     "ProcessGroupTeardown": "process_group",
+    "ResumableBatches": "batches",
     "ResumeCheckpoint": "resume",
     "ThawedParameterSync": "process_group",
     "UnsavedState": "unsaved_state",

@@ -99,7 +99,7 @@ def installed_callbacks() -> list[Any]:
     console's progress."""
     return [
         CheckpointFacts(),  # first: a resume with another seed is refused before ExactResume says it continues
-        *exact_resume(),  # ExactResume, then GracefulStop: in each hook a batch is seeded before a stop after it
+        *exact_resume(),  # ResumableBatches, ExactResume, GracefulStop: a batch seeded, its restart put right, a stop
         ProcessGroupTeardown(),
         ThawedParameterSync(),
         ResumeCheckpoint(),

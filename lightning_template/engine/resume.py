@@ -6,7 +6,7 @@ For any LightningModule and LightningDataModule. What a resumed run must reprodu
   (seed, epoch) and skip the batches Lightning's restored loop says are done; a plain `DataLoader` the
   model or datamodule returns (shuffled or not, any batch size, workers) gets one (`resumable_loader`);
 - random numbers of the training step (dropout, on-device augmentation): every batch
-  draws from a generator seeded by (seed, epoch, batch, rank), so there is no generator
+  draws from a generator seeded by (seed, epoch, batch, rank) (`ResumableBatches`), so there is no generator
   state to save, and each DDP rank has its own stream; random transforms in a dataset's `__getitem__` and a
   loader's `collate_fn` (in loader workers or not) are seeded per batch or sample (`SeededBatches`, the tasks'
   `seeded_sample`);
@@ -16,13 +16,14 @@ Stopping: `GracefulStop` (engine/stopping.py) stops at the next optimizer-step b
 SLURM's requeue signal, and `ResumeCheckpoint` writes `last.ckpt` there. A checkpoint is never written in the middle
 of a step or with non-finite weights.
 
-`exact_resume()` gives its callbacks, in the order they run.
+Its callbacks, each with what it guarantees: `ResumableBatches` (engine/batches.py: the same batches, the same random
+numbers), `ExactResume` (Lightning's restart put right, and what Lightning does not save), `GracefulStop`
+(engine/stopping.py). `exact_resume()` gives them, in the order they run.
 """
 
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -39,52 +40,34 @@ from lightning.pytorch.utilities.model_helpers import is_overridden
 from lightning.pytorch.utilities.warnings import PossibleUserWarning
 from torch.nn import SyncBatchNorm
 
+from lightning_template.engine.batches import ResumableBatches
 from lightning_template.engine.errors import ConfigError, StorageError
 from lightning_template.engine.lightning_internals import (
     CheckpointWrites,
     batch_in_progress,
     batches_done,
-    call_before_batch_hooks,
     closes_accumulation_window,
     epoch_counts,
     finish_restarted_epoch,
     is_batch_norm,
-    keeps_first_train_iterator,
     last_batch_trained,
     let_lightning_step_plateau_schedulers,
-    load_train_loader_states,
     mark_saved_at,
     may_stop_early,
     restart_time_budgets,
-    restart_train_iterator,
     restarted_mid_epoch,
     restored_after_last_batch,
     skips_due_validation,
     skips_due_validation_at_its_end,
     start_next_epoch,
     step_plateau_scheduler,
-    wrap_train_loader,
 )
 from lightning_template.engine.monitor import early_stopping_decided
 from lightning_template.engine.sampling import (
-    ResumesFromLoop,
-    derive_seed,
-    global_seed,
     inside_an_epoch,
-    resumable_loader,
-    seed_host,
 )
 from lightning_template.engine.stopping import GracefulStop, epoch_ends_here
 from lightning_template.engine.storage import write_checkpoints_whole
-
-
-def seed_all(seed: int) -> None:
-    seed_host(seed)
-    if torch.cuda.is_initialized():
-        torch.cuda.manual_seed_all(seed)
-    if torch.backends.mps.is_available():
-        torch.mps.manual_seed(seed)
-
 
 # Lightning's callbacks that set up each epoch in on_train_epoch_start, from their saved state, and can run it again
 # for the same epoch: Lightning does not run it for an epoch restarted in its middle, the engine does, at its first
@@ -293,56 +276,49 @@ class ResumeCheckpoint(CheckpointWrites):
 
 
 class ExactResume(Callback):
-    """The training side of exact resume, in every run (see the module's docstring). Read top to bottom:
-    - `setup`: the training loader is wrapped to continue from the loop's position (`resumable_loader`);
-    - `state_dict`: what a mid-epoch resume must find the same (batch size, world size, streamed workers), what
-      a ReduceLROnPlateau waits for, and in manual optimization the gradients not yet stepped with;
-    - `on_train_start`: the per-batch seeding, and, when resumed, each way Lightning's restored loop differs from
-      the run never stopped, put right or said in one line;
-    - the per-batch seeding; `_restore` undoes what `on_train_start` did.
-    The flags of `__init__` carry a resume's state from `on_train_start` to the epoch's start and end."""
+    """Puts right each way Lightning's restored loop, and the checkpoint, differ from the run never stopped.
+
+    Guarantees, at a resume (said in one line where it cannot):
+    - the restarted epoch continues as in the run never stopped: an epoch restored at its end (`max_steps`) is not
+      ended twice; one restored after its last batch is done and the next starts in full; one restored in its
+      middle continues after its last batch (`ResumableBatches` skips those done), with the epoch setups of
+      Lightning's callbacks (`EPOCH_SETUPS`) that Lightning does not run again;
+    - what Lightning does not save is saved and put back (`state_dict`): early stopping's decision to stop, the
+      metrics (what a ReduceLROnPlateau, a callback's monitor and the final summary read), the plateau step still
+      due, the parts frozen, and in manual optimization the gradients not yet stepped with;
+    - the time budget of `--trainer.max_time` starts again; no checkpoint is written twice at one step; a run
+      resumed at its end ends as the run never stopped (a WeightAveraging's average as the weights);
+    - what it cannot put back is said: a loader that cannot skip batches, a checkpoint written inside an accumulated
+      step or before a due validation, state no checkpoint holds.
+
+    Works with `ResumableBatches` (found at `setup`), which it calls at the resume, in the order of
+    `on_train_start`. Its state is keyed `ExactResume`, as when it was the one callback of exact resume."""
 
     def __init__(self) -> None:
         self._trainer: Trainer | None = None
-        self._seed = 0  # the run's --seed_everything
+        self._batches = ResumableBatches()  # the exact_resume() one, found at setup
         self._saved: dict[str, Any] | None = None
         self._warnings: warnings.catch_warnings | None = None  # Lightning's warning silenced for this run
-        self._inexact: str | None = None  # why the training loader cannot continue mid-epoch, if it cannot
         self._plateau_at_epoch_end = False  # the restarted epoch's plateau step: Lightning's to take at its end
-        self._iterate_anew = False  # resumed between epochs: the next epoch's loader iterator is made after seeding
         self._trainer_loop_skipped = True  # until on_train_start: Lightning skips it when resumed at its end
-        self._undo_batch_hooks: Callable[[], None] | None = None
-        self._seeded_at_hand_over = False  # batches reach the module's batch hooks (no `dataloader_iter` step)
         self._epoch_setups: list[Callback] = []  # run at a restarted epoch's first batch (EPOCH_SETUPS)
         self._gradients_pending = False  # in manual optimization: a backward pass since the last optimizer step
 
-    # -- the training loader: made to continue from the loop's position --------------------------
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         self._trainer = trainer
+        self._batches = the_resumable_batches(trainer)
         if stage == "fit":
             self._trainer_loop_skipped = True
-            self._seed = global_seed()  # read once: it is fixed before the run starts, and read every batch
-            wrap_train_loader(trainer, self._resumable)
 
-    def _resumable(self, loader: Any) -> Any:
-        loader, self._inexact = resumable_loader(loader, self._trainer)
-        return loader
-
-    # -- checkpoint state: what the epoch consumed, to refuse a resume that cannot skip it exactly --
-
+    # -- checkpoint state: what Lightning does not save --------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         trainer = self._trainer
         if trainer is None or trainer.train_dataloader is None:
             return {}
-        loader = trainer.train_dataloader  # several loaders (a dict or list) have no batch size of their own
         state = {
-            "batch_size": getattr(loader, "batch_size", None),
-            "world_size": trainer.world_size,
             "should_stop": trainer.should_stop,  # the run's decision to stop, which Lightning does not save
             **frozen_parts(trainer.lightning_module),
         }
-        if isinstance(loader, ResumesFromLoop) and loader.worker_dependent:  # streamed: workers own chunk shares
-            state["num_workers"] = loader.num_workers
         if self._gradients_pending:  # manual optimization: a backward pass since the last step (accumulated by hand)
             params = trainer.lightning_module.named_parameters()
             state["gradients"] = {name: p.grad.detach().cpu() for name, p in params if p.grad is not None}
@@ -360,46 +336,21 @@ class ExactResume(Callback):
         restart_time_budgets(trainer, checkpoint)  # a stop of --trainer.max_time is a pause: the resumed run goes on
 
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        self._undo_batch_hooks = call_before_batch_hooks(trainer, self._seed_training_batch)
-        self._seeded_at_hand_over = False
         self._trainer_loop_skipped = False
         self._epoch_setups = []
         self._gradients_pending = False
         finish_restarted_epoch(trainer)  # before what follows reads the restored loop
-        self._warn_if_loader_inexact(trainer)
+        self._batches.warn_if_inexact(trainer)
         if self._saved is None:
             return
         self._restore_saved_state(trainer, pl_module)
-        self._restart_loader(trainer)
+        self._batches.restart(trainer)
         if not restarted_mid_epoch(trainer):
             return
         if restored_after_last_batch(trainer):
             self._start_after_last_batch(trainer)
             return
         self._continue_mid_epoch(trainer, pl_module)
-
-    def _warn_if_loader_inexact(self, trainer: Trainer) -> None:
-        """A training loader that cannot continue from the middle of an epoch, said at a run's start."""
-        # Said at a run's start, and at a resume after an epoch's last batch (the next epoch starts from its start).
-        between_epochs = not restarted_mid_epoch(trainer) or restored_after_last_batch(trainer)
-        if self._inexact and between_epochs:
-            rank_zero_warn(
-                f"ExactResume: {self._inexact}, which cannot continue from the middle of an epoch: a run stopped there"
-                " (SIGTERM, Ctrl-C, a step checkpoint) resumes with that epoch's data from its start, not exactly."
-                " Checkpoints written at epoch ends resume exactly. A map-style Dataset in a plain DataLoader"
-                " (shuffle=True or False) is resumed exactly."
-            )
-            loaders = trainer.train_dataloader  # one, or several in a dict or list
-            loaders = list(loaders.values()) if isinstance(loaders, dict) else loaders
-            loaders = loaders if isinstance(loaders, (list, tuple)) else [loaders]
-            if any(getattr(loader, "persistent_workers", False) for loader in loaders):
-                rank_zero_warn(
-                    "ExactResume: the training loader, kept as it is, keeps its worker processes from epoch to epoch"
-                    " (persistent_workers=True): random numbers they draw (a random transform in the dataset) run on"
-                    " across epochs, and a resumed run's new workers start other streams, so even from an epoch's end"
-                    " it resumes exactly only if its workers draw none. With persistent_workers=False (and no generator"
-                    " of the loader's own) each epoch's workers are seeded from the run's seed."
-                )
 
     def _restore_saved_state(self, trainer: Trainer, pl_module: LightningModule) -> None:
         """What the checkpoint's run had that Lightning does not restore, put back or said in one line each."""
@@ -410,7 +361,6 @@ class ExactResume(Callback):
         stops_here = bool(self._saved.get("should_stop") and early_stopping_decided(trainer))
         if stops_here:
             self._stop_as_decided(trainer)
-        self._iterate_anew = not restarted_mid_epoch(trainer)
         self._restore_metrics(trainer)
         self._restore_plateau_step(trainer)
         self._restore_frozen_parts(trainer)
@@ -426,16 +376,6 @@ class ExactResume(Callback):
                 " On GPUs --trainer.sync_batchnorm true keeps BatchNorm statistics the same on every process."
             )
 
-    def _restart_loader(self, trainer: Trainer) -> None:
-        """The training iterator made again, from the restored position, where Lightning made it before the restore."""
-        loaded = load_train_loader_states(trainer)
-        workers = getattr(trainer.train_dataloader, "num_workers", 0) > 0
-        if loaded or workers:
-            # Lightning created the loader's iterator before restoring its loop from the checkpoint (to count the
-            # steps for the schedule): its workers have already prefetched epoch 0's first indices (Lightning
-            # #21938), a StatefulDataLoader started from its beginning. Start it again, from the restored position.
-            restart_train_iterator(trainer)
-
     def _continue_mid_epoch(self, trainer: Trainer, pl_module: LightningModule) -> None:
         """Resumed in the middle of an epoch: its next batch as in the run never stopped, or why not in one line."""
         self._epoch_setups = [callback for callback in trainer.callbacks if isinstance(callback, EPOCH_SETUPS)]
@@ -445,7 +385,6 @@ class ExactResume(Callback):
         self._warnings.__enter__()
         warnings.filterwarnings("ignore", "You're resuming from a checkpoint that ended before", PossibleUserWarning)
         done = batches_done(trainer)
-        self._seed_batch(trainer, done)
         if hooks := stateless_epoch_setups(trainer, pl_module):
             rank_zero_warn(
                 f"ExactResume: resuming epoch {trainer.current_epoch} after {done} batches: Lightning does not run"
@@ -453,13 +392,8 @@ class ExactResume(Callback):
                 " epoch) is not set up here, and no checkpoint holds it: keep it in state_dict or on_save_checkpoint,"
                 " or set it up where it is used."
             )
-        if self._inexact:
-            rank_zero_warn(
-                f"ExactResume: resuming epoch {trainer.current_epoch} after {done} batches, but {self._inexact}: it"
-                " starts the epoch's data again, so the rest of this epoch is not the run that was stopped."
-            )
+        if not self._batches.continue_mid_epoch(trainer, done):  # seeded there, and its batches skipped, or said
             return
-        self._check_same_batches(trainer)
         if skips_due_validation(trainer):
             warn_skipped_validation(trainer.current_epoch, done)
             return
@@ -508,7 +442,7 @@ class ExactResume(Callback):
         epoch, done = trainer.current_epoch - 1, batches_done(trainer)
         skipped = skips_due_validation(trainer)
         start_next_epoch(trainer)
-        self._iterate_anew = True  # seeded, and its loader's iterator made, at its start (as between epochs)
+        self._batches.next_epoch_starts_here()
         if skipped:
             warn_skipped_validation(epoch, done)
         else:
@@ -564,21 +498,6 @@ class ExactResume(Callback):
                 " written and train in this run, which no longer freezes them: left so."
             )
 
-    def _check_same_batches(self, trainer: Trainer) -> None:
-        """Mid-epoch, the batches already trained are skipped: that needs the same batches."""
-        saved = self._saved or {}
-        loader = trainer.train_dataloader
-        now = {"batch_size": loader.batch_size, "world_size": trainer.world_size, "num_workers": loader.num_workers}
-        changed = {k: (saved[k], v) for k, v in now.items() if k in saved and saved[k] != v}
-        if changed:
-            what = ", ".join(f"{k} {old} -> {new}" for k, (old, new) in changed.items())
-            raise ConfigError(
-                f"The checkpoint was written in the middle of an epoch with other batches ({what}): the samples"
-                " already trained cannot be skipped exactly. Resume with the original --data.batch_size,"
-                " --trainer.devices/num_nodes (and --data.num_workers for streamed data), or from a checkpoint"
-                " written at the end of an epoch."
-            )
-
     # -- gradients accumulated by hand (manual optimization) ----------------------------------
     def on_after_backward(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._gradients_pending = not pl_module.automatic_optimization
@@ -600,41 +519,10 @@ class ExactResume(Callback):
                 " without them."
             )
 
-    # -- one random stream per (seed, epoch, batch, rank) ---------------------------------------
-    def _seed_batch(self, trainer: Trainer, batch: int) -> None:
-        seed_all(derive_seed(self._seed, trainer.current_epoch, batch, trainer.global_rank))
-
-    def on_train_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        self._seed_batch(trainer, 0)
-        if self._iterate_anew:
-            self._iterate_anew = False
-            # Lightning made the iterator before the run was seeded for this epoch, and keeps it for the first epoch of
-            # a resumed run: a sampler that draws its order from torch's generator (a batch sampler's RandomSampler)
-            # would take another order than the run never stopped. Made again, after the epoch's seeding.
-            lightning_keeps_it = keeps_first_train_iterator(trainer)
-            if lightning_keeps_it:
-                restart_train_iterator(trainer)
-
-    def _seed_training_batch(self) -> None:
-        """Seeded as each training batch is handed to the module's batch hooks, before it is augmented on the device
-        there: random numbers drawn after the last batch (in the module's on_train_batch_end) are not in its stream."""
-        trainer = self._trainer
-        if trainer is not None and trainer.training:
-            self._seeded_at_hand_over = True
-            self._seed_batch(trainer, batches_done(trainer))
-
     def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, *args: Any) -> None:
         for callback in self._epoch_setups:  # after every callback's on_train_start (the scheduler's own checks)
             callback.on_train_epoch_start(trainer, pl_module)
         self._epoch_setups = []
-
-    def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, *args: Any) -> None:
-        if not self._seeded_at_hand_over:  # a training_step that takes a `dataloader_iter`: no batch hooks run
-            self._seed_batch(trainer, batches_done(trainer))
-
-    def on_validation_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        if trainer.state.fn == TrainerFn.FITTING and not trainer.sanity_checking:  # validation inside an epoch
-            self._seed_batch(trainer, batches_done(trainer))
 
     def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         if self._plateau_at_epoch_end:
@@ -642,9 +530,6 @@ class ExactResume(Callback):
             let_lightning_step_plateau_schedulers(trainer)
 
     def _restore(self) -> None:
-        if self._undo_batch_hooks is not None:
-            self._undo_batch_hooks()
-            self._undo_batch_hooks = None
         if self._warnings is not None:
             self._warnings.__exit__(None, None, None)
             self._warnings = None
@@ -669,8 +554,20 @@ class ExactResume(Callback):
         self._restore()
 
 
+def the_resumable_batches(trainer: Trainer) -> ResumableBatches:
+    """The trainer's ResumableBatches, which ExactResume calls at a resume."""
+    found = [callback for callback in trainer.callbacks if isinstance(callback, ResumableBatches)]
+    if not found:
+        raise ConfigError(
+            "ExactResume works with ResumableBatches, which this trainer does not have: install the callbacks of"
+            " lightning_template.engine.exact_resume(), all of them, in their order."
+        )
+    return found[0]
+
+
 def exact_resume() -> list[Callback]:
-    """The callbacks of exact resume, in the order they must run in each hook: `ExactResume` seeds a batch and puts
-    an epoch's restart right before `GracefulStop` decides whether to stop after it (the checkpoint written there
-    holds what they set). engine/cli.py installs them, before `ResumeCheckpoint`."""
-    return [ExactResume(), GracefulStop()]
+    """The callbacks of exact resume, in the order they must run in each hook: `ResumableBatches` seeds a batch and
+    `ExactResume` puts an epoch's restart right (calling `ResumableBatches` where the resume needs it) before
+    `GracefulStop` decides whether to stop after them (the checkpoint written there holds what they set).
+    engine/cli.py installs them, before `ResumeCheckpoint`."""
+    return [ResumableBatches(), ExactResume(), GracefulStop()]

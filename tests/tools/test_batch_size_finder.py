@@ -29,9 +29,9 @@ def test_batch_size_finder_grows_the_batch_for_fit_and_a_resumed_run_keeps_it(tm
     last = tmp_path / "logs/simple_cnn/version_0/checkpoints/last.ckpt"
     checkpoint = torch.load(last, weights_only=True)
     assert checkpoint["callbacks"]["FitBatchSizeFinder"] == {"found": 32}
-    assert checkpoint["callbacks"]["ExactResume"]["batch_size"] == 32  # what training ran with
+    assert checkpoint["callbacks"]["ResumableBatches"]["batch_size"] == 32  # what training ran with
     resumed = ProjectCLI(args=["fit", *JOB, *preset, *flags, "--trainer.max_epochs=2", f"--ckpt_path={last}"])
     assert resumed.trainer.current_epoch == 2 and resumed.trainer.global_step == 10
     resumed_last = Path(resumed.trainer.checkpoint_callbacks[-1].dirpath) / "last.ckpt"
     assert resumed_last != last and resumed_last.is_file()
-    assert torch.load(resumed_last, weights_only=True)["callbacks"]["ExactResume"]["batch_size"] == 32
+    assert torch.load(resumed_last, weights_only=True)["callbacks"]["ResumableBatches"]["batch_size"] == 32
