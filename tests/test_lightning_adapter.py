@@ -18,11 +18,10 @@ import pytest
 import torch
 from lightning import Callback, LightningDataModule, Trainer
 from lightning.fabric.plugins.environments import LightningEnvironment
-from lightning.pytorch.callbacks import ModelCheckpoint, WeightAveraging
+from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.trainer import call
 from lightning.pytorch.utilities.exceptions import SIGTERMException
-from torch.optim.swa_utils import AveragedModel
 from torch.utils.data import DataLoader, TensorDataset
 from torchmetrics import MeanMetric
 
@@ -324,20 +323,6 @@ def test_stop_after_this_step(tmp_path: Path) -> None:
     with pytest.raises(SIGTERMException):  # Lightning's graceful stop, as after a SIGTERM
         fit(tmp_path, model, [Stop()], max_epochs=1)
     assert model.seen == [(0, 0), (0, 1)], changed("stop_after_this_step")
-
-
-def test_averaged_model(tmp_path: Path) -> None:
-    class AtSetup(Callback):
-        def setup(self, trainer: Trainer, pl_module: Any, stage: str) -> None:
-            average = li.averaged_model(averaging)  # made by WeightAveraging's setup, which runs first
-            self.updates_at_setup = int(average.n_averaged) if isinstance(average, AveragedModel) else None
-
-    averaging, at_setup = WeightAveraging(), AtSetup()
-    assert li.averaged_model(averaging) is None, changed("averaged_model")  # before a fit sets it up
-    fit(tmp_path, Tiny(), [averaging, at_setup], max_epochs=1)
-    assert at_setup.updates_at_setup == 0, changed("averaged_model")  # there from the fit's setup, not updated yet
-    average = li.averaged_model(averaging)
-    assert isinstance(average, AveragedModel) and int(average.n_averaged) == BATCHES, changed("averaged_model")
 
 
 def test_skips_due_validation_at_its_end(tmp_path: Path) -> None:

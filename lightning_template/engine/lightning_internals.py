@@ -53,7 +53,6 @@ USED = (
     ("ModelCheckpoint", "_save_checkpoint"),
     ("ModelCheckpoint", "_should_save_on_train_epoch_end"),
     ("EarlyStopping", "_check_on_train_epoch_end"),
-    ("WeightAveraging", "_average_model"),
     ("LightningModule", "_current_fx_name"),
     ("LightningCLI", "_parse_ckpt_path"),
     ("cli", "_InstantiatorFn"),
@@ -382,12 +381,6 @@ def reads_at_train_epoch_end(callback: Callback, trainer: Trainer) -> bool:
     if isinstance(callback, ModelCheckpoint):
         return callback._should_save_on_train_epoch_end(trainer)
     return isinstance(callback, EarlyStopping) and bool(callback._check_on_train_epoch_end)
-
-
-def averaged_model(callback: Any) -> Any:
-    """The running average of a WeightAveraging callback: an `AveragedModel` that Lightning makes in the callback's
-    `setup` of a `fit` (a copy of the module, `n_averaged` 0 until its first update); None before any fit."""
-    return callback._average_model
 
 
 def call_before_batch_hooks(trainer: Trainer, before: Callable[[], None]) -> Callable[[], None]:

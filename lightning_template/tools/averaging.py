@@ -23,16 +23,32 @@ from lightning.pytorch.callbacks import WeightAveraging
 from lightning.pytorch.trainer.states import TrainerFn
 
 from lightning_template.engine.errors import ConfigError
-from lightning_template.engine.lightning_internals import averaged_model
 
 
 class AverageOnlyInFit:
     """Mixin for a `WeightAveraging` subclass (see the module docstring)."""
 
+    averaged = False  # the average holds weights: updated in this fit, or restored so from its checkpoint
+
     def started(self, trainer: Trainer) -> bool:
-        fitting = trainer.state.fn == TrainerFn.FITTING
-        average = averaged_model(self)
-        return fitting and average is not None and int(average.n_averaged) > 0
+        return trainer.state.fn == TrainerFn.FITTING and self.averaged
+
+    def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        self.averaged = False  # WeightAveraging makes the average anew for each fit, from the module
+        super().setup(trainer, pl_module, stage)  # type: ignore[misc]
+
+    def on_train_batch_end(
+        self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        # WeightAveraging records the step of each update after a step (its should_update, whoever overrides it).
+        before = self.state_dict()["latest_update_step"]  # type: ignore[attr-defined]
+        super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)  # type: ignore[misc]
+        self.averaged = self.averaged or self.state_dict()["latest_update_step"] != before  # type: ignore[attr-defined]
+
+    def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        # WeightAveraging updates at an epoch's end (once per epoch) where should_update(epoch_idx=...) says so.
+        self.averaged = self.averaged or self.should_update(epoch_idx=trainer.current_epoch)  # type: ignore[attr-defined]
+        super().on_train_epoch_end(trainer, pl_module)  # type: ignore[misc]
 
     def on_validation_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._swapped = self.started(trainer)
@@ -51,6 +67,9 @@ class AverageOnlyInFit:
     def on_load_checkpoint(self, trainer: Trainer, pl_module: LightningModule, checkpoint: dict[str, Any]) -> None:
         if trainer.state.fn == TrainerFn.FITTING:  # resuming: the live weights and the average's state
             super().on_load_checkpoint(trainer, pl_module, checkpoint)  # type: ignore[misc]
+            # WeightAveraging loads the average's state (its count of updates) where the live weights are beside it.
+            state = checkpoint.get("averaging_state", {}) if "current_model_state" in checkpoint else {}
+            self.averaged = int(state.get("n_averaged", 0)) > 0
 
     def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         if self.started(trainer):
@@ -94,10 +113,10 @@ class SWAWeightAveraging(AverageOnlyInFit, WeightAveraging):
         super().setup(trainer, pl_module, stage)
 
     def should_update(self, step_idx: int | None = None, epoch_idx: int | None = None) -> bool:
-        return False  # the base class's hooks never update; on_train_batch_end below does
+        return step_idx is not None and self._epoch_ends  # after a step: set by on_train_batch_end below
 
     def on_train_batch_end(
         self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
-        if trainer.fit_loop.epoch_loop.batch_progress.is_last_batch and trainer.current_epoch >= self._start:
-            averaged_model(self).update_parameters(pl_module)
+        self._epoch_ends = trainer.is_last_batch and trainer.current_epoch >= self._start
+        super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)

@@ -70,6 +70,33 @@ def test_averaged_run_stopped_mid_epoch_resumes_exactly(kind: str, tmp_path: Pat
     assert not same_state(saved["state_dict"], saved["current_model_state"])
 
 
+def test_the_average_counts_once_it_holds_weights(tmp_path: Path) -> None:
+    """Whether the average holds weights is read from WeightAveraging's public hooks: SWA's update at its start
+    epoch's last batch, and an update at an epoch's end by a subclass's own should_update (Lightning's way to
+    choose when to average)."""
+
+    class SecondEpochEnd(EMAWeightAveraging):
+        def should_update(self, step_idx: int | None = None, epoch_idx: int | None = None) -> bool:
+            return epoch_idx == 1
+
+    class Seen(Callback):  # after the averaging's hooks (callbacks run in their order)
+        def __init__(self, averaging: Callback) -> None:
+            self.averaging, self.seen = averaging, []
+
+        def on_train_epoch_end(self, trainer: Trainer, pl_module) -> None:
+            self.seen.append((self.averaging.averaged, int(self.averaging._average_model.n_averaged)))
+
+    images, labels = torch.randn(32, 1, 28, 28), torch.arange(32) % 4
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(images, labels), batch_size=8)
+    for averaging in (SWAWeightAveraging(swa_epoch_start=1), SecondEpochEnd()):
+        seen = Seen(averaging)
+        trainer = Trainer(max_epochs=2, limit_val_batches=0, logger=False, enable_checkpointing=False,
+                          enable_progress_bar=False, enable_model_summary=False,
+                          callbacks=[averaging, seen])  # fmt: skip
+        trainer.fit(SimpleCNN(num_classes=4, input_shape=(1, 28, 28)), train_dataloaders=loader)
+        assert seen.seen == [(False, 0), (True, 1)], type(averaging).__name__
+
+
 @pytest.mark.slow
 def test_swa_stays_out_of_the_way_before_its_start(tmp_path: Path, fashion_mnist_dir) -> None:
     """Before swa_epoch_start nothing is averaged: validation and checkpoints are the live weights,
