@@ -115,7 +115,10 @@ class GeneratedModule(LightningModule):
         self.head = nn.Linear(32, 10)
         if step_buffer:
             self.register_buffer("loss_average", torch.zeros(()))
-        self.samples_seen = 0
+        # Kept only where the checkpoint holds it: a counter no checkpoint holds is `unsaved_state`'s, and a resume
+        # names it (a line that would excuse any difference of every setup drawn without the entry).
+        if checkpoint_entry:
+            self.samples_seen = 0
         if unsaved_state:
             self.register_buffer("decay", torch.ones(()), persistent=False)
             self.steps_taken = 0
@@ -135,7 +138,8 @@ class GeneratedModule(LightningModule):
             self.loss_total.update(loss.detach())
         if self.hparams.step_buffer:
             self.loss_average.mul_(0.9).add_(0.1 * loss.detach())
-        self.samples_seen += len(target)
+        if self.hparams.checkpoint_entry:
+            self.samples_seen += len(target)
         if self.automatic_optimization:
             return loss
         optimizers = self.optimizers()
@@ -401,7 +405,9 @@ class TrainedBatches(Callback):
     def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         """The epoch's values of `epoch_metrics` (Lightning's mean, torchmetrics' mean) and the sum of all losses."""
         if pl_module.hparams.get("epoch_metrics"):
-            logged = [trainer.callback_metrics[key] for key in ("train_loss_epoch", "train_mean")]
+            # An epoch resumed after its last batch logs neither (no batch left to log them with; the resume says so).
+            missing = torch.tensor(float("nan"))
+            logged = [trainer.callback_metrics.get(key, missing) for key in ("train_loss_epoch", "train_mean")]
             values = torch.stack([v.detach().float() for v in [*logged, pl_module.loss_total.compute()]])
             gathered = trainer.strategy.all_gather(values).cpu().reshape(-1).tolist()
             self.epoch_metrics[trainer.current_epoch] = gathered
