@@ -55,13 +55,14 @@ QUIET = [
 # the validation due after its batch, or a loader the engine keeps has persistent workers (their random streams), or
 # DDP processes in manual optimization keep buffers of their own, or an epoch's training metrics cannot be the run's
 # (each DDP process gathered its own, written after the epoch's last batch, a value not logged again), or the module
-# keeps state no checkpoint holds.
+# keeps state no checkpoint holds, or a checkpoint written before an epoch's end resumes without it (at an epoch's
+# last batch, or at max_steps inside the epoch).
 SAID_WHY = (
     "starts the epoch's data again", "inside an accumulated step", "before the validation due",
     "keeps its worker processes from epoch to epoch", "without that epoch's end",
     "Lightning's StochasticWeightAveraging, resumed after its last averaging epoch or at the run's end",
     "each process keeps its own buffers", "are not the run's after this resume", "are not logged for it",
-    "changed during the run that wrote the checkpoint and no checkpoint holds them",
+    "changed during the run that wrote the checkpoint and no checkpoint holds them", "never runs for it",
 )  # fmt: skip
 
 
@@ -568,6 +569,21 @@ EPOCHS_ENDED_EARLY = Setup(  # on_train_batch_start returns -1 at each epoch's f
 OUT_OF_TIME = Setup(  # Lightning's Timer, its state in every checkpoint
     data={"loader": "map", "batch_size": 16}, trainer={"max_epochs": 2, "max_time": "00:01:00:00"}
 )
+MAX_STEPS_AT_A_VALIDATION = (
+    Setup(  # two optimizers step twice a batch: max_steps reached at a validation inside an epoch
+        model={"optimization": "manual-two", "epoch_metrics": True},
+        data={"loader": "batch_sampler", "batch_size": 12, "train_size": 100},
+        trainer={"max_steps": 7, "val_check_interval": 0.5},
+        early_stopping=True,
+    )
+)
+LAST_BATCH_VALIDATED = Setup(  # the best checkpoint of the validation after an epoch's last batch, before its end
+    model={"optimization": "manual", "epoch_metrics": True},
+    data={"loader": "batch_sampler", "batch_size": 12, "train_size": 100},
+    trainer={"max_steps": 7, "limit_train_batches": 0.75, "val_check_interval": 0.5, "min_epochs": 2},
+    early_stopping=True,
+)
+EPOCH_END_STEP_METRICS = replace(EPOCH_END_STEP, model={"dropout": 0.2, "epoch_metrics": True})
 INSIDE_A_STEP = Setup(  # the best-epoch checkpoint of a validation every 3 batches, accumulating 2
     data={"loader": "map", "batch_size": 12},
     trainer={"accumulate_grad_batches": 2, "val_check_interval": 3, "max_steps": 7},
@@ -685,13 +701,60 @@ FOUND = [  # each ended otherwise on an earlier version
     pytest.param(EPOCHS_ENDED_EARLY, Stop("sigterm", 4), "exact", id="epochs-ended-early-sigterm-in-the-second"),
     pytest.param(EPOCHS_ENDED_EARLY, Stop("kill", 0), "exact", id="epochs-ended-early-kill-after-the-first"),
     pytest.param(OUT_OF_TIME, Stop("sigterm", 9), "exact", id="max-time-sigterm-inside-an-epoch"),
+    pytest.param(  # the run resumed trained nothing and ended without the epoch's end, without a word
+        MAX_STEPS_AT_A_VALIDATION, Stop("kill", 0), "warned", id="best-checkpoint-at-max-steps-inside-an-epoch"
+    ),
+    pytest.param(  # the harness read epoch 0's mean loss, which no batch was left to log after the resume
+        LAST_BATCH_VALIDATED, Stop("kill", 2), "warned", id="best-checkpoint-after-an-epochs-last-batch"
+    ),
+    pytest.param(  # epoch 0's end never ran, without a word
+        EPOCH_END_STEP_METRICS,
+        Stop("kill", 2),
+        "warned",
+        id="step-checkpoint-at-an-epochs-last-batch-before-its-end",
+    ),
 ]
+
+
+@pytest.mark.slow
+def test_a_generated_module_changes_no_state_its_checkpoint_lacks_unless_drawn_to(workdir: Path) -> None:
+    """The resume names such state in one line (`SAID_WHY`), which would excuse any difference of the setup: only
+    `unsaved_state` draws it (a module whose checkpoint lacks its sample count kept counting, naming it at every
+    resume of the setups drawn without `checkpoint_entry`)."""
+    from lightning import Trainer
+
+    from lightning_template.engine.unsaved_state import fingerprints
+
+    for drawn, expected in (({"epoch_metrics": True}, set()), ({"unsaved_state": True}, {"decay", "steps_taken"})):
+        model = user.GeneratedModule(**drawn)
+        before = fingerprints(model)
+        with inside(workdir / "unsaved"):
+            Trainer(
+                max_steps=2, limit_val_batches=0, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                enable_model_summary=False,
+            ).fit(model, user.GeneratedData(batch_size=12, train_size=100))  # fmt: skip
+        assert {name for name, value in fingerprints(model).items() if before.get(name) != value} == expected, drawn
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize(("setup", "stop", "expected"), FOUND)
 def test_the_setups_the_generator_found_end_as_they_should(setup, stop, expected, workdir: Path) -> None:
     assert check(setup, stop, workdir) == expected, replay(setup, stop)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("setup", [EPOCH_END_STEP_METRICS, LAST_BATCH_VALIDATED], ids=["step-checkpoint", "validation"])
+def test_a_metric_gathered_across_epochs_goes_on_after_a_resume_at_an_epochs_last_batch(setup, workdir: Path) -> None:
+    """Resumed from a checkpoint written after an epoch's last batch, before its end, that epoch's metrics cannot be
+    the run's (said); the sum of every loss so far, gathered across epochs, goes on: it started again from 0."""
+    ref = reference(setup, workdir)
+    start = stop_flags(Stop("kill", 2), ref)
+    resumed, _ = launch(
+        setup, [*setup.args(), f"--ckpt_path={start}"], workdir / f"across-{len(list(workdir.iterdir()))}"
+    )
+    assert resumed is not None
+    total, expected = resumed.outcome["epoch metrics"][1][2], ref.outcome["epoch metrics"][1][2]
+    assert math.isclose(total, expected, rel_tol=1e-6), (total, expected)
 
 
 # Under DDP, the part a BaseFinetuning unfroze trained on each process's own gradients: the processes' weights differed

@@ -9,8 +9,8 @@ end those training logs), and, written inside an epoch, Lightning's reductions. 
 so a metric logged for that epoch, and what monitors it (a ReduceLROnPlateau, early stopping, a checkpoint on a
 training metric), is the run's own, and a metric gathered across epochs (a best accuracy so far) goes on. Where that
 cannot be, the run says so in one line: under DDP (each process gathered its own; the checkpoint holds one
-process's), resumed after the epoch's last batch, or for a value the resumed epoch does not log again (logged in
-`on_train_epoch_start`, or at some batches only).
+process's), resumed after the epoch's last batch (on one process the metrics gathered across epochs still go on), or
+for a value the resumed epoch does not log again (logged in `on_train_epoch_start`, or at some batches only).
 """
 
 from __future__ import annotations
@@ -73,26 +73,46 @@ class EpochMetrics(Callback):
 
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         saved, self._saved, self._sums, self._restored = self._saved, {}, {}, {}
-        if not saved or not self._resumed_where_saved(trainer, saved) or not (saved["metrics"] or saved["sums"]):
+        if not saved or not (saved["metrics"] or saved["sums"]):
             return
-        if trainer.world_size > 1 or (inside_an_epoch(trainer) and last_batch_trained(trainer)):
-            why = (
-                "each process gathered its own, and the checkpoint holds one process's"
-                if trainer.world_size > 1
-                else "it was written after the epoch's last batch, which leaves none to log them with"
-            )
-            rank_zero_warn(
-                f"ExactResume: epoch {trainer.current_epoch}'s metrics ({_names([*saved['sums'], *saved['metrics']])})"
-                f" are not the run's after this resume: {why}."
-            )
+        after_last_batch = self._resumed_after_its_last_batch(trainer, saved)
+        if not (after_last_batch or self._resumed_where_saved(trainer, saved)):
             return
         modules = {
             name: m for name, m in pl_module.named_modules() if name in saved["metrics"] and isinstance(m, Metric)
         }
+        if trainer.world_size > 1 or after_last_batch or (inside_an_epoch(trainer) and last_batch_trained(trainer)):
+            self._go_on_across_epochs(trainer, saved, modules)
+            return
         for name, metric in modules.items():
             load_metric_state(metric, saved["metrics"][name])
         self._restored = {name: metric for name, metric in modules.items() if saved["metrics"][name]["logged"]}
         self._sums = dict(saved["sums"])
+
+    @staticmethod
+    def _go_on_across_epochs(trainer: Trainer, saved: dict[str, Any], modules: dict[str, Metric]) -> None:
+        """Resumed where the saved epoch's metrics cannot be the run's: said in one line. On one process, those
+        gathered across epochs (never logged, so never reset by Lightning) go on from the checkpoint."""
+        why = (
+            "each process gathered its own, and the checkpoint holds one process's"
+            if trainer.world_size > 1
+            else "it was written after the epoch's last batch, which leaves none to log them with"
+        )
+        across = [] if trainer.world_size > 1 else [name for name in modules if not saved["metrics"][name]["logged"]]
+        for name in across:
+            load_metric_state(modules[name], saved["metrics"][name])
+        lost = [*saved["sums"], *(name for name in saved["metrics"] if name not in across)]
+        rank_zero_warn(
+            f"ExactResume: epoch {saved['position'][0]}'s metrics ({_names(lost)}) are not the run's after this resume:"
+            f" {why}."
+        )
+
+    @staticmethod
+    def _resumed_after_its_last_batch(trainer: Trainer, saved: dict[str, Any]) -> bool:
+        """Saved inside an epoch, at its last batch, and resumed with the next epoch: Lightning counts the saved epoch
+        as done on restoring a checkpoint written at that batch's end (a step checkpoint)."""
+        epoch = saved["position"][0] if saved.get("inside") and saved.get("position") else None
+        return epoch is not None and saved["step"] == trainer.global_step and fit_position(trainer) == (epoch + 1, 0)
 
     @staticmethod
     def _resumed_where_saved(trainer: Trainer, saved: dict[str, Any]) -> bool:

@@ -104,18 +104,25 @@ def keeps_own_state(owner: Callback | LightningModule) -> bool:
     return any(is_overridden(hook, owner, base) for hook in hooks)
 
 
-def stateless_epoch_setups(trainer: Trainer, module: LightningModule) -> list[str]:
-    """The user's `on_train_epoch_start` hooks (the module's, callbacks' whose hook is not Lightning's or the
-    engine's) of objects that keep nothing in the checkpoint (no `on_save_checkpoint`, a callback no `state_dict`):
-    what they set up for an epoch is not there in an epoch resumed in its middle, where Lightning does not run them."""
+def user_hooks(trainer: Trainer, module: LightningModule, hook: str) -> list[Callback | LightningModule]:
+    """The callbacks, and the module, whose `hook` is the user's (not Lightning's or the engine's)."""
 
     def users(hook_owner: Callback | LightningModule) -> bool:
-        defined_in = next(c for c in type(hook_owner).__mro__ if "on_train_epoch_start" in vars(c))
-        ours = defined_in.__module__.startswith(("lightning.", "pytorch_lightning.", f"{__package__}."))
-        return not ours and not keeps_own_state(hook_owner)
+        defined_in = next(c for c in type(hook_owner).__mro__ if hook in vars(c))
+        return not defined_in.__module__.startswith(("lightning.", "pytorch_lightning.", f"{__package__}."))
 
-    owners = [c for c in trainer.callbacks if not isinstance(c, EPOCH_SETUPS) and users(c)]
-    owners += [module] if users(module) else []
+    return [owner for owner in [*trainer.callbacks, module] if users(owner)]
+
+
+def stateless_epoch_setups(trainer: Trainer, module: LightningModule) -> list[str]:
+    """The user's `on_train_epoch_start` hooks of objects that keep nothing in the checkpoint (no
+    `on_save_checkpoint`, a callback no `state_dict`): what they set up for an epoch is not there in an epoch resumed
+    in its middle, where Lightning does not run them."""
+    owners = [
+        owner
+        for owner in user_hooks(trainer, module, "on_train_epoch_start")
+        if not isinstance(owner, EPOCH_SETUPS) and not keeps_own_state(owner)
+    ]
     return [f"{type(owner).__name__}.on_train_epoch_start" for owner in owners]
 
 
@@ -445,11 +452,18 @@ class ExactResume(Callback):
         self._batches.next_epoch_starts_here()
         if skipped:
             warn_skipped_validation(epoch, done)
-        else:
-            rank_zero_info(
-                f"ExactResume: continuing after the last batch of epoch {epoch}, with epoch {epoch + 1} (Lightning"
-                f" counts epoch {epoch} as done: its on_train_epoch_end hooks are not run again)."
+        # The checkpoint (at the batch's end: a step checkpoint) came before that epoch's end, which never runs.
+        ends = user_hooks(trainer, trainer.lightning_module, "on_train_epoch_end")
+        message = f"ExactResume: continuing after the last batch of epoch {epoch}, with epoch {epoch + 1}"
+        if ends:
+            rank_zero_warn(
+                f"{message}: Lightning counts epoch {epoch} as done, so"
+                f" {few([f'{type(owner).__name__}.on_train_epoch_end' for owner in ends])} never runs for it (the"
+                " checkpoint was written at its last batch, before its end), and what that does there is not the run"
+                " never stopped's. Checkpoints written at epoch ends (last.ckpt) resume with it."
             )
+        elif not skipped:
+            rank_zero_info(f"{message} (Lightning counts epoch {epoch} as done).")
 
     def _restore_metrics(self, trainer: Trainer) -> None:
         """The metrics as the checkpoint's run had them (one written by an earlier version of this code holds those
@@ -549,6 +563,13 @@ class ExactResume(Callback):
         self._restore_metrics(trainer)  # for the run's final metrics
         if skips_due_validation_at_its_end(trainer):
             warn_skipped_validation(trainer.current_epoch, batches_done(trainer))
+        if inside_an_epoch(trainer):  # `max_steps` reached inside it: the run never stopped went on to its end
+            rank_zero_warn(
+                f"ExactResume: the checkpoint was written at max_steps inside epoch {trainer.current_epoch} (at a"
+                " validation, or a step checkpoint), before that epoch's end: Lightning ends the run at once, without"
+                " that epoch's end (its on_train_epoch_end hooks, its epoch-level training metrics), which the run"
+                " never stopped ran. last.ckpt, written at that epoch's end, resumes with it."
+            )
 
     def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
         self._restore()
