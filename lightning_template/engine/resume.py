@@ -436,7 +436,7 @@ class ExactResume(Callback):
             " once (unless --trainer.min_epochs or min_steps ask for more). To train it further, start a new run from"
             " its weights."
         )
-        if not restarted_mid_epoch(trainer):
+        if not restarted_mid_epoch(trainer) or not may_stop_early(trainer):  # min_epochs/min_steps: the epoch goes on
             rank_zero_info(message)
             return
         # What the run never stopped did at that epoch's end is not run.
