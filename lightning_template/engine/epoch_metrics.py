@@ -37,6 +37,11 @@ def _names(keys: Any) -> str:
     return ", ".join(sorted({key.split(".")[1] if "." in key else key for key in keys}))
 
 
+def at_its_last_batch(trainer: Trainer) -> bool:
+    """Resumed inside an epoch after its last batch: no batch is left to log the epoch's training metrics with."""
+    return inside_an_epoch(trainer) and last_batch_trained(trainer)
+
+
 class EpochMetrics(Callback):
     """Saves, in a checkpoint written inside a training epoch, what the epoch's training metrics have gathered; a run
     resumed there starts from it (see the module's docstring)."""
@@ -81,7 +86,7 @@ class EpochMetrics(Callback):
         modules = {
             name: m for name, m in pl_module.named_modules() if name in saved["metrics"] and isinstance(m, Metric)
         }
-        if trainer.world_size > 1 or after_last_batch or (inside_an_epoch(trainer) and last_batch_trained(trainer)):
+        if trainer.world_size > 1 or after_last_batch or at_its_last_batch(trainer):
             self._go_on_across_epochs(trainer, saved, modules)
             return
         for name, metric in modules.items():
