@@ -17,8 +17,8 @@ SLURM's requeue signal, and `ResumeCheckpoint` writes `last.ckpt` there. A check
 of a step or with non-finite weights.
 
 Its callbacks, each with what it guarantees: `ResumableBatches` (engine/batches.py: the same batches, the same random
-numbers), `ExactResume` (Lightning's restart put right, and what Lightning does not save), `GracefulStop`
-(engine/stopping.py). `exact_resume()` gives them, in the order they run.
+numbers), `ExactResume` (Lightning's restart put right, and what Lightning does not save: engine/saved_state.py),
+`GracefulStop` (engine/stopping.py). `exact_resume()` gives them, in the order they run.
 """
 
 from __future__ import annotations
@@ -30,15 +30,12 @@ import torch
 from lightning import Callback, LightningModule, Trainer
 from lightning.pytorch.callbacks import (
     GradientAccumulationScheduler,
-    ModelPruning,
     StochasticWeightAveraging,
     WeightAveraging,
 )
 from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
-from lightning.pytorch.utilities.model_helpers import is_overridden
 from lightning.pytorch.utilities.warnings import PossibleUserWarning
-from torch.nn import SyncBatchNorm
 
 from lightning_template.engine.batches import ResumableBatches
 from lightning_template.engine.errors import ConfigError, StorageError
@@ -49,9 +46,7 @@ from lightning_template.engine.lightning_internals import (
     closes_accumulation_window,
     epoch_counts,
     finish_restarted_epoch,
-    is_batch_norm,
     last_batch_trained,
-    let_lightning_step_plateau_schedulers,
     mark_saved_at,
     may_stop_early,
     restart_time_budgets,
@@ -60,11 +55,20 @@ from lightning_template.engine.lightning_internals import (
     skips_due_validation,
     skips_due_validation_at_its_end,
     start_next_epoch,
-    step_plateau_scheduler,
 )
 from lightning_template.engine.monitor import early_stopping_decided
 from lightning_template.engine.sampling import (
     inside_an_epoch,
+)
+from lightning_template.engine.saved_state import (
+    MetricsAndPlateauStep,
+    PendingGradients,
+    few,
+    frozen_parts,
+    keeps_own_state,
+    restore_frozen_parts,
+    warn_of_own_buffers,
+    warn_of_state_no_checkpoint_holds,
 )
 from lightning_template.engine.stopping import GracefulStop, epoch_ends_here
 from lightning_template.engine.storage import write_checkpoints_whole
@@ -73,35 +77,6 @@ from lightning_template.engine.storage import write_checkpoints_whole
 # for the same epoch: Lightning does not run it for an epoch restarted in its middle, the engine does, at its first
 # batch (the epoch's accumulation; the averaging's learning-rate schedule, set up as its first epoch starts).
 EPOCH_SETUPS = (GradientAccumulationScheduler, StochasticWeightAveraging)
-
-
-def frozen_parts(module: LightningModule) -> dict[str, list[str]]:
-    """Which parameters do not train, and which BatchNorm layers keep their running statistics fixed: the model's
-    state that freezing sets (`requires_grad`, `track_running_stats`), which its state_dict does not hold."""
-    return {
-        "frozen": [name for name, parameter in module.named_parameters() if not parameter.requires_grad],
-        "fixed_statistics": [
-            name for name, layer in module.named_modules() if is_batch_norm(layer) and not layer.track_running_stats
-        ],
-    }
-
-
-def own_buffers(module: LightningModule) -> list[str]:
-    """The floating-point buffers that can differ between DDP processes: all but a SyncBatchNorm's (whose statistics
-    are every process's)."""
-    synced = {name for name, layer in module.named_modules() if isinstance(layer, SyncBatchNorm)}
-    return [
-        name
-        for name, buffer in module.named_buffers()
-        if buffer.is_floating_point() and name.rpartition(".")[0] not in synced
-    ]
-
-
-def keeps_own_state(owner: Callback | LightningModule) -> bool:
-    """Whether a callback or the module puts state of its own in the checkpoint (`state_dict`, `on_save_checkpoint`)."""
-    base = LightningModule if isinstance(owner, LightningModule) else Callback
-    hooks = ("on_save_checkpoint",) if base is LightningModule else ("state_dict", "on_save_checkpoint")
-    return any(is_overridden(hook, owner, base) for hook in hooks)
 
 
 def user_hooks(trainer: Trainer, module: LightningModule, hook: str) -> list[Callback | LightningModule]:
@@ -126,75 +101,9 @@ def stateless_epoch_setups(trainer: Trainer, module: LightningModule) -> list[st
     return [f"{type(owner).__name__}.on_train_epoch_start" for owner in owners]
 
 
-def warn_of_state_no_checkpoint_holds(trainer: Trainer, module: LightningModule) -> None:
-    """At any resume, in one line each: a `torch.Generator` of the module's own (unless the module keeps a state of
-    its own in the checkpoint), and Lightning's ModelPruning (whose checkpoint holds the pruned weights without their
-    masks), which the resumed run cannot continue."""
-    generators = [
-        f"{prefix}.{attribute}".lstrip(".")
-        for prefix, part in module.named_modules()
-        for attribute, value in vars(part).items()
-        if isinstance(value, torch.Generator)
-    ]
-    if generators and not keeps_own_state(module):
-        rank_zero_warn(
-            f"ExactResume: the module draws from a torch.Generator of its own ({few(generators)}), which no checkpoint"
-            " holds: it starts again from its seed, so its draws are not the run never stopped (draw from torch's"
-            " global generator, which the engine seeds at every batch, or keep its get_state() in on_save_checkpoint"
-            " and give it back with set_state() in on_load_checkpoint)."
-        )
-    if any(isinstance(callback, ModelPruning) for callback in trainer.callbacks):
-        rank_zero_warn(
-            "ExactResume: Lightning's ModelPruning saves the pruned weights without their masks, so the resumed run"
-            " trains the pruned weights again until its next pruning: it is not the run never stopped."
-        )
-
-
-def few(names: list[str]) -> str:
-    return ", ".join(names[:3]) + (", ..." if len(names) > 3 else "")
-
-
 def at_step_boundary(trainer: Trainer) -> bool:
     """No step is half done: no batch between forward and end, no accumulated gradient pending."""
     return not batch_in_progress(trainer) and closes_accumulation_window(trainer)
-
-
-def plateau_schedulers(trainer: Trainer) -> list[Any]:
-    """The ReduceLROnPlateau schedulers that Lightning steps (those of automatic optimization)."""
-    if not trainer.lightning_module.automatic_optimization:
-        return []
-    return [config for config in trainer.lr_scheduler_configs if config.reduce_on_plateau]
-
-
-def pending_plateau_epoch(trainer: Trainer) -> int | None:
-    """The epoch whose end-of-epoch ReduceLROnPlateau step has not been taken yet, at a checkpoint written now.
-
-    Lightning takes it after the epoch-end callbacks (the epoch-end checkpoint is written before it); inside an
-    epoch it is still to come. None when there is none to take: between epochs, or at the end of an epoch that
-    stopped before its last batch (`max_steps`), where Lightning takes none."""
-    epochs = epoch_counts(trainer)
-    if inside_an_epoch(trainer):
-        return epochs.processed
-    if epochs.completed < epochs.processed and last_batch_trained(trainer):  # its end, before the step
-        return epochs.completed
-    return None
-
-
-def step_plateau_schedulers(trainer: Trainer, epoch: int) -> None:
-    """The ReduceLROnPlateau steps Lightning takes at the end of `epoch`, by its rules (`interval: epoch`, every
-    `frequency` epochs, the monitored metric as it is now; `strict`: an error if it is missing)."""
-    for config in plateau_schedulers(trainer):
-        if config.interval != "epoch" or (epoch + 1) % config.frequency:
-            continue
-        value = trainer.callback_metrics.get(config.monitor)
-        if value is None:
-            if config.strict:
-                raise ConfigError(
-                    f"ReduceLROnPlateau monitors {config.monitor}, which the checkpoint's run had not logged when it"
-                    f" was written; the metrics it had: {sorted(trainer.callback_metrics)}."
-                )
-            continue
-        step_plateau_scheduler(trainer, config.scheduler, value)
 
 
 def warn_skipped_validation(epoch: int, done: int) -> None:
@@ -306,10 +215,10 @@ class ExactResume(Callback):
         self._batches = ResumableBatches()  # the exact_resume() one, found at setup
         self._saved: dict[str, Any] | None = None
         self._warnings: warnings.catch_warnings | None = None  # Lightning's warning silenced for this run
-        self._plateau_at_epoch_end = False  # the restarted epoch's plateau step: Lightning's to take at its end
+        self._metrics = MetricsAndPlateauStep()
+        self._gradients = PendingGradients()
         self._trainer_loop_skipped = True  # until on_train_start: Lightning skips it when resumed at its end
         self._epoch_setups: list[Callback] = []  # run at a restarted epoch's first batch (EPOCH_SETUPS)
-        self._gradients_pending = False  # in manual optimization: a backward pass since the last optimizer step
 
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         self._trainer = trainer
@@ -322,19 +231,13 @@ class ExactResume(Callback):
         trainer = self._trainer
         if trainer is None or trainer.train_dataloader is None:
             return {}
-        state = {
+        module = trainer.lightning_module
+        return {
             "should_stop": trainer.should_stop,  # the run's decision to stop, which Lightning does not save
-            **frozen_parts(trainer.lightning_module),
+            **frozen_parts(module),
+            **self._gradients.state(module),
+            **self._metrics.state(trainer),
         }
-        if self._gradients_pending:  # manual optimization: a backward pass since the last step (accumulated by hand)
-            params = trainer.lightning_module.named_parameters()
-            state["gradients"] = {name: p.grad.detach().cpu() for name, p in params if p.grad is not None}
-        # The metrics as they are now, which Lightning does not save: what a plateau scheduler, a callback's monitor
-        # and the run's final summary read, until the resumed run logs each again.
-        state["metrics"] = {k: torch.as_tensor(v).detach().cpu() for k, v in trainer.callback_metrics.items()}
-        if plateau_schedulers(trainer):  # and whether this epoch's end step is still due
-            state["plateau_step_pending"] = pending_plateau_epoch(trainer)
-        return state
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self._saved = state_dict
@@ -345,7 +248,7 @@ class ExactResume(Callback):
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._trainer_loop_skipped = False
         self._epoch_setups = []
-        self._gradients_pending = False
+        self._gradients.stepped()
         finish_restarted_epoch(trainer)  # before what follows reads the restored loop
         self._batches.warn_if_inexact(trainer)
         if self._saved is None:
@@ -368,20 +271,13 @@ class ExactResume(Callback):
         stops_here = bool(self._saved.get("should_stop") and early_stopping_decided(trainer))
         if stops_here:
             self._stop_as_decided(trainer)
-        self._restore_metrics(trainer)
-        self._restore_plateau_step(trainer)
-        self._restore_frozen_parts(trainer)
+        self._metrics.restore(trainer, self._saved)
+        restore_frozen_parts(pl_module, self._saved)
         warn_of_state_no_checkpoint_holds(trainer, pl_module)
-        self._restore_pending_gradients(pl_module)
+        self._gradients.restore(pl_module, self._saved)
         at_its_end = (stops_here and may_stop_early(trainer)) or starts_no_epoch(trainer)
         warn_if_swa_has_ended(trainer, at_its_end=at_its_end)
-        if trainer.world_size > 1 and not pl_module.automatic_optimization and (names := own_buffers(pl_module)):
-            rank_zero_warn(
-                f"ExactResume: under DDP in manual optimization each process keeps its own buffers ({few(names)}:"
-                " Lightning has DDP broadcast none), and the checkpoint holds rank 0's: the other processes resume from"
-                " rank 0's, so what they compute with them (a BatchNorm's validation) is not the run never stopped."
-                " On GPUs --trainer.sync_batchnorm true keeps BatchNorm statistics the same on every process."
-            )
+        warn_of_own_buffers(trainer, pl_module)
 
     def _continue_mid_epoch(self, trainer: Trainer, pl_module: LightningModule) -> None:
         """Resumed in the middle of an epoch: its next batch as in the run never stopped, or why not in one line."""
@@ -465,73 +361,11 @@ class ExactResume(Callback):
         elif not skipped:
             rank_zero_info(f"{message} (Lightning counts epoch {epoch} as done).")
 
-    def _restore_metrics(self, trainer: Trainer) -> None:
-        """The metrics as the checkpoint's run had them (one written by an earlier version of this code holds those
-        of plateau schedulers alone, as "monitored")."""
-        saved = self._saved or {}
-        for key, value in saved.get("metrics", saved.get("monitored", {})).items():
-            trainer.callback_metrics.setdefault(key, value)
-
-    def _restore_plateau_step(self, trainer: Trainer) -> None:
-        """The plateau step of the epoch the checkpoint was written in: Lightning skips it in a resumed run (the
-        checkpoint comes before it, at the epoch's end too)."""
-        pending = (self._saved or {}).get("plateau_step_pending")
-        if pending is None:
-            return
-        if trainer.current_epoch > pending:  # the epoch counts as finished: its end is not run again
-            step_plateau_schedulers(trainer, pending)
-        else:
-            self._plateau_at_epoch_end = True
-
-    def _restore_frozen_parts(self, trainer: Trainer) -> None:
-        """Parts of the model that trained when the checkpoint was written, and that this run's `setup` froze again,
-        train again: a fine-tuning callback (Lightning's BaseFinetuning) freezes its part in every run's setup and
-        unfreezes it at the start of an epoch that has passed. Parts frozen then and trainable now are left so (this
-        run no longer freezes them), and said: a callback that froze them during the run would not do so again."""
-        saved = self._saved or {}
-        if "frozen" not in saved:  # a checkpoint that does not say
-            return
-        module, frozen, fixed = trainer.lightning_module, set(saved["frozen"]), set(saved["fixed_statistics"])
-        parameters = dict(module.named_parameters())
-        refrozen = [name for name, p in parameters.items() if not p.requires_grad and name not in frozen]
-        thawed = [name for name, p in parameters.items() if p.requires_grad and name in frozen]
-        for name in refrozen:
-            parameters[name].requires_grad_(True)
-        for name, layer in module.named_modules():
-            if is_batch_norm(layer) and name not in fixed:
-                layer.track_running_stats = True
-        if refrozen:
-            rank_zero_info(
-                f"ExactResume: {len(refrozen)} parameter tensors ({few(refrozen)}) train again, as when the checkpoint"
-                " was written: this run's setup froze them (a fine-tuning callback or the module's own code unfroze"
-                " them before that, and does not again)."
-            )
-        if thawed:
-            rank_zero_warn(
-                f"ExactResume: {len(thawed)} parameter tensors ({few(thawed)}) were frozen when the checkpoint was"
-                " written and train in this run, which no longer freezes them: left so."
-            )
-
-    # -- gradients accumulated by hand (manual optimization) ----------------------------------
     def on_after_backward(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        self._gradients_pending = not pl_module.automatic_optimization
+        self._gradients.after_backward(pl_module)
 
     def on_before_optimizer_step(self, trainer: Trainer, pl_module: LightningModule, optimizer: Any) -> None:
-        self._gradients_pending = False
-
-    def _restore_pending_gradients(self, module: LightningModule) -> None:
-        params = dict(module.named_parameters())
-        saved = self._saved.get("gradients", {}) if self._saved else {}
-        fits = {n: g for n, g in saved.items() if n in params and params[n].shape == g.shape}
-        for name, grad in fits.items():
-            params[name].grad = grad.to(params[name].device, params[name].dtype)
-        self._gradients_pending = bool(fits)
-        if len(fits) < len(saved):
-            rank_zero_warn(
-                f"ExactResume: {few(sorted(saved.keys() - fits.keys()))}: the checkpoint's gradients not yet stepped"
-                " with do not fit these parameters (another model or strategy), so the step they belong to is taken"
-                " without them."
-            )
+        self._gradients.stepped()
 
     def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, *args: Any) -> None:
         for callback in self._epoch_setups:  # after every callback's on_train_start (the scheduler's own checks)
@@ -539,9 +373,7 @@ class ExactResume(Callback):
         self._epoch_setups = []
 
     def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        if self._plateau_at_epoch_end:
-            self._plateau_at_epoch_end = False
-            let_lightning_step_plateau_schedulers(trainer)
+        self._metrics.on_train_epoch_end(trainer)
 
     def _restore(self) -> None:
         if self._warnings is not None:
@@ -560,7 +392,7 @@ class ExactResume(Callback):
             if isinstance(callback, WeightAveraging):
                 callback.on_train_end(trainer, pl_module)
         warn_if_swa_has_ended(trainer, at_its_end=True)
-        self._restore_metrics(trainer)  # for the run's final metrics
+        self._metrics.restore_metrics(trainer, self._saved)  # for the run's final metrics
         if skips_due_validation_at_its_end(trainer):
             warn_skipped_validation(trainer.current_epoch, batches_done(trainer))
         if inside_an_epoch(trainer):  # `max_steps` reached inside it: the run never stopped went on to its end
