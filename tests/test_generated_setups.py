@@ -757,6 +757,18 @@ def test_a_metric_gathered_across_epochs_goes_on_after_a_resume_at_an_epochs_las
     assert math.isclose(total, expected, rel_tol=1e-6), (total, expected)
 
 
+@pytest.mark.slow
+def test_a_resume_that_min_epochs_keeps_going_does_not_say_it_ends_without_the_epochs_end(workdir: Path) -> None:
+    """Early stopping had decided before the checkpoint, inside epoch 0; --trainer.min_epochs 2 keeps the run going, so
+    the resumed run ends that epoch as the run never stopped did: a line saying otherwise would excuse a difference."""
+    ref = reference(LAST_BATCH_VALIDATED, workdir)
+    start = stop_flags(Stop("kill", 2), ref)
+    folder = workdir / f"min-epochs-{len(list(workdir.iterdir()))}"
+    resumed, told = launch(LAST_BATCH_VALIDATED, [*LAST_BATCH_VALIDATED.args(), f"--ckpt_path={start}"], folder)
+    assert resumed is not None and 0 in resumed.outcome["epoch metrics"]  # epoch 0's end ran
+    assert not [line for line in told if "without that epoch's end" in line], told
+
+
 # Under DDP, the part a BaseFinetuning unfroze trained on each process's own gradients: the processes' weights differed
 # in the run never stopped, and a resumed run restarted every process from rank 0's. In manual optimization, the part
 # unfrozen was averaged only where Lightning's accumulation closed a step: not in the
