@@ -195,7 +195,8 @@ class HFTextPreprocessor(TextPreprocessor):
         try:
             from tokenizers import Tokenizer
         except ImportError:
-            from lightning_template.engine.errors import MissingPackageError  # here: the other kinds never need it
+            # imported here: the other kinds never need it
+            from lightning_template.engine.errors import MissingPackageError
 
             raise MissingPackageError(
                 "serving a Hugging Face encoder needs its tokenizer's library: uv sync --inexact --extra hf"
