@@ -313,6 +313,24 @@ def test_early_stopping_in_the_first_epoch_at_a_threshold_says_lightnings_reason
     assert re.search(said, printed), printed  # in the first epoch, where Lightning's stopped_epoch is 0
 
 
+class CountedData(RegressionData):
+    """States one more fact, the number of classes (as a classification datamodule would), that Regressor does not
+    take."""
+
+    model_facts = (*RegressionData.model_facts, "num_classes")
+    num_classes = 3
+
+
+def test_a_fact_the_model_does_not_take_is_not_handed_to_it_when_resumed(tmp_path: Path, monkeypatch) -> None:
+    """Not saved among the model's hyper-parameters, not passed to it by the resume that rebuilds it from them."""
+    monkeypatch.chdir(tmp_path)
+    args = ["fit", PLAIN[0], "--data=tests.test_any_task.CountedData", *SHORT, "--data.train_size=64"]
+    ProjectCLI(args=[*args, "--trainer.max_epochs=1"])
+    assert "num_classes" not in last_checkpoint(tmp_path)["hyper_parameters"]
+    resumed = ProjectCLI(args=[*args, "--ckpt_path=last"])
+    assert resumed.trainer.global_step == 4 and "num_classes" not in resumed.model.hparams
+
+
 @pytest.mark.slow
 def test_resuming_from_the_path_of_a_runs_checkpoint_continues_that_run_as_last_does(tmp_path: Path, monkeypatch):
     """The path the console printed (`last checkpoint: logs/...`) and `--ckpt_path last` continue the same run folder;

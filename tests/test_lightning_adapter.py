@@ -27,7 +27,17 @@ from torchmetrics import MeanMetric
 
 from lightning_template.engine import lightning_internals as li
 
-from tests.test_lightning_tripwires import BATCHES, SaveAt, StatefulLoader, StatefulTiny, Tiny, fit
+from tests.test_lightning_tripwires import (
+    BATCHES,
+    LinksWidth,
+    Recorded,
+    SaveAt,
+    StatefulLoader,
+    StatefulTiny,
+    Tiny,
+    fit,
+    linked_cli,
+)
 
 
 def changed(function: str) -> str:
@@ -275,6 +285,18 @@ def test_checkpoint_callback_internals(tmp_path: Path) -> None:
 # -- outside the loops -----------------------------------------------------------------------------------------------
 
 
+def test_record_only_links_taken(tmp_path: Path) -> None:
+    class RecordsLinksTaken(LinksWidth):
+        def before_instantiate_classes(self) -> None:
+            li.record_only_links_taken(self)
+
+    assert "width" not in linked_cli(Recorded, tmp_path, RecordsLinksTaken).model.hparams, changed(
+        "record_only_links_taken"
+    )
+    taken = linked_cli(Sized, tmp_path, RecordsLinksTaken).model  # a model that takes it gets it, and records it
+    assert taken.width == 3 and taken.hparams["width"] == 3, changed("record_only_links_taken")
+
+
 def test_datamodules_named_by_class() -> None:
     from tests.test_lightning_tripwires import LightningDataModule
 
@@ -437,11 +459,13 @@ def test_add_datamodule_hook(tmp_path: Path) -> None:
     assert cli.hooked == [cli.datamodule] and cli.model.width == 7, changed("add_datamodule_hook")
     # Built by Lightning's own instantiator, which records the config as the datamodule's hyper-parameters.
     recorded = {"size": 3, "_instantiator": "lightning.pytorch.cli.instantiate_module"}
-    assert dict(cli.datamodule.hparams) == recorded, changed("add_datamodule_hook or _DataModuleHook")
+    assert dict(cli.datamodule.hparams) == recorded, changed("add_datamodule_hook or _Instantiator")
     # A spawning DDP launcher pickles the parser (in the trainer's SaveConfigCallback), its instantiators with it:
     # the hook is an object, with its CLI and what it calls.
-    hook = pickle.loads(pickle.dumps(li._DataModuleHook(LightningCLI(Sized, WidthData, run=False, **args), print)))
-    assert isinstance(hook(WidthData, size=4, applied_instantiation_links={}), WidthData), changed("_DataModuleHook")
+    hook = pickle.loads(
+        pickle.dumps(li._Instantiator(LightningCLI(Sized, WidthData, run=False, **args), "data", print))
+    )
+    assert isinstance(hook(WidthData, size=4, applied_instantiation_links={}), WidthData), changed("_Instantiator")
 
 
 # -- Lightning's dispatch of callback hooks --------------------------------------------------------------------------

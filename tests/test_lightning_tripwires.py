@@ -21,6 +21,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from lightning import Callback, LightningDataModule, LightningModule, Trainer
 from lightning.pytorch.callbacks import BackboneFinetuning
+from lightning.pytorch.cli import LightningCLI
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
 from tests.helpers import free_port
@@ -263,6 +264,36 @@ def test_tripwire_datamodule_str_calls_its_loaders() -> None:
 
     str(Described())
     assert Described.calls == 1, fixed_by_lightning("lightning_internals.datamodules_named_by_class")
+
+
+class Recorded(Tiny):
+    """Tiny that records its arguments (it takes none) as its hyper-parameters."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.save_hyperparameters()
+
+
+class StatesWidth(LightningDataModule):
+    width = 3  # a fact about the data, linked into the model's argument `width` where it has one
+
+
+class LinksWidth(LightningCLI):
+    def add_arguments_to_parser(self, parser: Any) -> None:
+        parser.link_arguments("data.width", "model.init_args.width", apply_on="instantiate")
+
+
+def linked_cli(model: type, tmp_path: Path, cli: type[LightningCLI] = LinksWidth) -> LightningCLI:
+    """A LightningCLI that links the datamodule's `width` into `model`, built (nothing run)."""
+    args = [f"--model={model.__module__}.{model.__qualname__}", f"--data={__name__}.StatesWidth"]
+    return cli(args=[*args, f"--trainer.default_root_dir={tmp_path}"], run=False, seed_everything_default=False)
+
+
+def test_tripwire_a_link_the_model_does_not_take_is_among_its_hyper_parameters(tmp_path: Path) -> None:
+    """jsonargparse counts the link as applied (it sets nothing), and LightningCLI records each applied link: a
+    checkpoint would hand the model an argument it does not take."""
+    model = linked_cli(Recorded, tmp_path).model
+    assert model.hparams.get("width") == 3, fixed_by_lightning("lightning_internals.record_only_links_taken")
 
 
 def test_tripwire_failing_on_exception_skips_teardown(tmp_path: Path) -> None:

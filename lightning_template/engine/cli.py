@@ -48,7 +48,7 @@ from lightning_template.engine.checkpoint import (
     resolve_checkpoint,
     restore_datamodule,
 )
-from lightning_template.engine.console import library_noise_quieted, progress_bar
+from lightning_template.engine.console import library_noise_quieted, progress_bar, quiet_warnings_of
 from lightning_template.engine.epoch_metrics import EpochMetrics
 from lightning_template.engine.errors import ConfigError, MissingFileError, ProjectError
 from lightning_template.engine.facts import check_facts_reached_the_model, declared_facts, import_named_datamodule
@@ -57,6 +57,7 @@ from lightning_template.engine.lightning_internals import (
     CLIHooks,
     add_datamodule_hook,
     datamodules_named_by_class,
+    record_only_links_taken,
     skip_idle_hooks,
     slurm_resume_path,
 )
@@ -444,6 +445,7 @@ class ProjectCLI(CLIHooks):
             checkpoint.filename = BestCheckpoint.filename_for(checkpoint.monitor)
             checkpoint.auto_insert_metric_name = False  # the name has its metrics' names
         add_datamodule_hook(self, self._restore_datamodule)
+        record_only_links_taken(self)  # a fact the model does not take is not among its hyper-parameters
 
     def _prepare_predict(self, config: Namespace) -> None:
         """Nothing to log: no run folder (the CSV is the result), no config.yaml in it."""
@@ -470,6 +472,8 @@ class ProjectCLI(CLIHooks):
             restore_datamodule(self, self.run_checkpoint, self._given, datamodule)
 
     def after_instantiate_classes(self) -> None:
+        if self.datamodule is not None:
+            quiet_warnings_of(self.datamodule)  # for this run: library_noise_quieted restores the filters after it
         if self.datamodule is not None and self.model is not None:
             check_facts_reached_the_model(self.datamodule, self.model, self.data_facts)
         if self.run_checkpoint is not None and self.model is not None:

@@ -11,6 +11,7 @@ import contextlib
 import logging
 import multiprocessing
 import os
+import re
 import sys
 import time
 import warnings
@@ -165,6 +166,17 @@ def library_noise_quieted() -> Iterator[None]:
             yield
         finally:
             undo()
+
+
+QUIETED = "quieted_warnings"  # a datamodule's class attribute: the start of library warnings wrong about its data
+
+
+def quiet_warnings_of(datamodule: object) -> None:
+    """Ignore for the rest of the run the library warnings whose message starts as one its class names in
+    `quieted_warnings` (LitData's IterableDataset has a true length). Called inside `library_noise_quieted`, whose
+    end restores the filters: nothing outlives the run."""
+    for message in getattr(datamodule, QUIETED, ()):
+        warnings.filterwarnings("ignore", message=re.escape(message))
 
 
 # A process that a DDP launcher spawned for a run (ddp_spawn's workers import the engine when they unpickle the

@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterator
 from typing import Any, NamedTuple
 
 import torch
-from lightning import Callback, LightningDataModule, Trainer
+from lightning import Callback, LightningDataModule, LightningModule, Trainer
 from lightning.pytorch.callbacks import Checkpoint, EarlyStopping, ModelCheckpoint, Timer
 from lightning.pytorch.cli import LightningCLI, _InstantiatorFn
 from lightning.pytorch.plugins.environments import SLURMEnvironment
@@ -435,25 +435,46 @@ class CLIHooks(LightningCLI):
         super()._parse_ckpt_path()
 
 
-class _DataModuleHook:
-    """LightningCLI's instantiator of the datamodule, then `after(datamodule)` (a class, not a closure: a spawning
-    DDP launcher pickles the parser that holds it)."""
+class _Instantiator:
+    """LightningCLI's instantiator of the model or the datamodule (`key`), handed only the links the class takes
+    (`links_taken`), then `after(built)` where given (a class, not a closure: a spawning DDP launcher pickles the
+    parser that holds it)."""
 
-    def __init__(self, cli: LightningCLI, after: Callable[[LightningDataModule], None]) -> None:
-        self.lightning, self.after = _InstantiatorFn(cli=cli, key="data"), after
+    def __init__(self, cli: LightningCLI, key: str, after: Callable[[Any], None] | None = None) -> None:
+        self.lightning, self.key, self.after = _InstantiatorFn(cli=cli, key=key), key, after
 
     def __call__(self, class_type: type, *args: Any, applied_instantiation_links: dict, **kwargs: Any) -> Any:
-        datamodule = self.lightning(
-            class_type, *args, applied_instantiation_links=applied_instantiation_links, **kwargs
-        )
-        self.after(datamodule)
-        return datamodule
+        links = links_taken(self.key, applied_instantiation_links, kwargs)
+        built = self.lightning(class_type, *args, applied_instantiation_links=links, **kwargs)
+        if self.after is not None:
+            self.after(built)
+        return built
+
+
+def links_taken(key: str, links: dict[str, Any], arguments: dict[str, Any]) -> dict[str, Any]:
+    """The links into `key` (`model.init_args.num_classes`: value) whose argument the class is called with.
+
+    jsonargparse counts a link whose target the class lacks as applied (a datamodule's fact the model does not
+    take: it sets nothing), and Lightning's instantiator records every applied link among the hyper-parameters: the
+    checkpoint would then hold an argument the model does not take, and resuming from it would pass it."""
+
+    def argument(target: str) -> str:
+        name = target.removeprefix(f"{key}.")
+        return name.removeprefix("init_args.").partition(".")[0]
+
+    return {k: v for k, v in links.items() if not k.startswith(f"{key}.") or argument(k) in arguments}
 
 
 def add_datamodule_hook(cli: LightningCLI, after: Callable[[LightningDataModule], None]) -> None:
     """Call `after(datamodule)` right after LightningCLI builds the datamodule (with its own instantiator, which
     records the config as the datamodule's hyper-parameters), before the links read its attributes into the model."""
-    cli.parser.add_instantiator(_DataModuleHook(cli, after), LightningDataModule, subclasses=True, prepend=True)
+    cli.parser.add_instantiator(_Instantiator(cli, "data", after), LightningDataModule, subclasses=True, prepend=True)
+
+
+def record_only_links_taken(cli: LightningCLI) -> None:
+    """The model's hyper-parameters (and so its checkpoint) hold only the linked facts its class takes
+    (`links_taken`): LightningCLI's instantiator of the model, handed those alone."""
+    cli.parser.add_instantiator(_Instantiator(cli, "model"), LightningModule, subclasses=True, prepend=True)
 
 
 @contextlib.contextmanager

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import math
 import sys
-import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -25,9 +24,6 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 from lightning_template.engine.cli import ProjectCLI, installed_callbacks
 from lightning_template.engine.errors import ConfigError
 from lightning_template.engine.tracking import RUN_ARG, logger_type, run_dir, tracker_runs_of
-
-# Runs here are driven with an explicit config by design, whatever this process's own argv is.
-warnings.filterwarnings("ignore", message="LightningCLI's args parameter is intended")
 
 # Keys that leave the run the same: what the console shows, and the name drawn for a new MLflow run (another
 # at each parse; the runs here are named by their folder anyway).

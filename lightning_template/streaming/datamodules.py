@@ -21,7 +21,6 @@ import json
 import os
 import tempfile
 import threading
-import warnings
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
@@ -39,8 +38,6 @@ from lightning_template.tasks.classification.data.text import PadCollate
 from lightning_template.tasks.classification.input_spec import SPEC_KEY, center_crop, resized_size
 from lightning_template.tasks.loaders import SplitLoaders, make_loader
 
-# LitData shards its IterableDataset across workers and ranks itself, so its length is right.
-warnings.filterwarnings("ignore", message="Your `IterableDataset` has `__len__` defined", category=UserWarning)
 METADATA_FILE = "dataset.json"
 FORMAT_VERSION = 1
 SPLITS = ("train", "val", "test")
@@ -205,6 +202,8 @@ class StreamingDataModule(SplitLoaders, LightningDataModule):
     collate: Any
     to_sample: Any  # stored sample -> (input, label), picklable (it runs in the loader's workers)
     batch_decode: int | str = "auto"  # LitData's: items deserialized together
+    # LitData shards its IterableDataset across workers and ranks itself, so its length is right (train.py).
+    quieted_warnings = ("Your `IterableDataset` has `__len__` defined",)
 
     def __init__(
         self,

@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import time
+import warnings
 from pathlib import Path
 
 import optuna
@@ -356,6 +357,18 @@ def test_a_run_config_is_parsed_once_and_each_run_is_a_checked_copy_with_its_val
     assert run.resumed({"run_dir": "no/such/run", "tracker_runs": {}}) == run  # nothing saved: a fresh start
     with pytest.raises(runs.FlagError, match="no_such_option"):
         job.with_values({"model.no_such_option": 1})
+
+
+def test_a_run_config_parsed_in_a_script_started_with_its_own_flags_warns_of_nothing(monkeypatch) -> None:
+    """Lightning warns when a CLI is given arguments in a process started with others, as a search's is: the
+    runs are driven with their own on purpose. Not shown, and the warning filters are left as they were."""
+    monkeypatch.setattr(sys, "argv", ["tune.py", "--trials=2"])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        before = list(warnings.filters)
+        runs.RunConfig.parse([f"--config={JOB}", "--trainer.max_epochs=1"])
+        assert warnings.filters == before
+    assert not [w for w in caught if "args parameter is intended" in str(w.message)]
 
 
 # extra:trackers

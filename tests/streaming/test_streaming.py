@@ -12,6 +12,7 @@ import shutil
 import subprocess
 import sys
 import time
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -20,6 +21,7 @@ import torch
 from PIL import Image
 
 import lightning_template.streaming
+from lightning_template.engine.cli import ProjectCLI
 from lightning_template.streaming import StreamingImageDataModule, StreamingTextDataModule
 from lightning_template.streaming.datamodules import StreamingDataError, decode_image
 from lightning_template.tasks.classification import (
@@ -29,7 +31,7 @@ from lightning_template.tasks.classification import (
 )
 
 from convert import convert
-from tests.conftest import QUICK, ROOT, run_cli
+from tests.conftest import ONE_EPOCH, QUICK, ROOT, run_cli
 from tests.test_datamodules import assert_contract
 
 SUBSET = {"classes": [0, 1, 7], "train_samples_per_class": 40, "val_size": 300}
@@ -122,6 +124,23 @@ def test_fit_and_predict_from_chunks_through_the_cli(tmp_path: Path, fashion_str
         rows = list(csv.DictReader(f))
     test_samples = StreamingImageDataModule(input_dir=str(fashion_stream)).metadata["splits"]["test"]
     assert [row["input"] for row in rows] == [f"test[{i}]" for i in range(test_samples)]
+
+
+@pytest.mark.slow
+def test_a_streamed_run_says_nothing_of_its_length_and_leaves_the_warning_filters(
+    tmp_path: Path, fashion_stream: Path, monkeypatch
+) -> None:
+    """LitData's IterableDataset has a true length: Lightning's warning that it has one is not shown in its run,
+    and silenced for that run alone."""
+    monkeypatch.chdir(tmp_path)
+    args = ["fit", "--config", str(ROOT / "configs/simple_cnn_classic.yaml"), *ONE_EPOCH]
+    args += ["--data=lightning_template.streaming.StreamingImageDataModule", f"--data.input_dir={fashion_stream}"]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        before = list(warnings.filters)
+        ProjectCLI(args=[*args, "--trainer.limit_train_batches=2", "--trainer.limit_val_batches=1"])
+        assert warnings.filters == before
+    assert not [w for w in caught if "`IterableDataset` has `__len__`" in str(w.message)]
 
 
 @pytest.mark.slow
