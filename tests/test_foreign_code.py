@@ -12,6 +12,7 @@ import warnings
 from pathlib import Path
 
 import pytest
+import torch
 from lightning.pytorch.demos.transformer import tokenize
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
@@ -105,6 +106,33 @@ def test_foreign_code_resumes_exactly_or_says_at_its_start_why_not(cell: str, tm
     assert any(f"but {reason}" in line for line in resumed), resumed
     if cell == "fewer-samples-an-epoch":  # the sampler is the user's: 2 batches an epoch, not a full shuffle
         assert uninterrupted["global_step"] == 4
+
+
+@pytest.mark.slow
+def test_a_loader_that_cannot_be_skipped_into_says_it_replays_the_epoch_only_where_batches_are_left(
+    tmp_path: Path, monkeypatch
+) -> None:
+    """A batch_sampler's loader resumed from the checkpoint of the validation after an epoch's last batch (the best,
+    watching the step): no batch of that epoch is left, nothing is trained again, and no line says otherwise. Resumed
+    in the middle of an epoch, the line is said."""
+    args = [
+        *AUTOENCODER,
+        *RUN,
+        "--data.loader=batch_sampler",
+        "--data.train_size=64",
+        "--trainer.val_check_interval=0.5",
+    ]
+    watch_step = ["--checkpoint.monitor=step", "--checkpoint.mode=max"]
+    fit(tmp_path / "end", monkeypatch, [*args, *watch_step, "--trainer.max_epochs=1"])
+    (best,) = (tmp_path / "end").glob("logs/*/version_0/checkpoints/epoch=*.ckpt")
+    assert (
+        torch.load(best, weights_only=True)["loops"]["fit_loop"]["epoch_loop.batch_progress"]["current"]["ready"] == 4
+    )
+    resumed = fit(tmp_path / "end", monkeypatch, [*args, *watch_step, f"--ckpt_path={best}"])
+    assert not [line for line in resumed if "starts the epoch's data again" in line], resumed
+    fit(tmp_path / "mid", monkeypatch, [*args, *sigterm_at(epoch=0, batch=1)])
+    resumed = fit(tmp_path / "mid", monkeypatch, [*args, "--ckpt_path=last"])
+    assert [line for line in resumed if "after 2 batches" in line and "starts the epoch's data again" in line], resumed
 
 
 @pytest.mark.slow

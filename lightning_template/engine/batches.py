@@ -16,6 +16,7 @@ from lightning_template.engine.lightning_internals import (
     batches_done,
     call_before_batch_hooks,
     keeps_first_train_iterator,
+    last_batch_trained,
     load_train_loader_states,
     restart_train_iterator,
     restarted_mid_epoch,
@@ -141,9 +142,11 @@ class ResumableBatches(Callback):
         self._iterate_anew = True
 
     def continue_mid_epoch(self, trainer: Trainer, done: int) -> bool:
-        """Resumed after `done` batches of an epoch: seeded there; whether the loader skips them (else said why not);
-        refused if the batches are not the checkpoint's."""
+        """Resumed after `done` batches of an epoch: seeded there; whether the loader skips them (else said why not,
+        where a batch of the epoch is left to train); refused if the batches are not the checkpoint's."""
         self._seed_batch(trainer, done)
+        if self.inexact and last_batch_trained(trainer):  # written after the epoch's last batch: none is trained again
+            return True
         if self.inexact:
             rank_zero_warn(
                 f"ExactResume: resuming epoch {trainer.current_epoch} after {done} batches, but {self.inexact}: it"
