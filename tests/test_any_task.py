@@ -329,6 +329,13 @@ def test_a_fact_the_model_does_not_take_is_not_handed_to_it_when_resumed(tmp_pat
     assert "num_classes" not in last_checkpoint(tmp_path)["hyper_parameters"]
     resumed = ProjectCLI(args=[*args, "--ckpt_path=last"])
     assert resumed.trainer.global_step == 4 and "num_classes" not in resumed.model.hparams
+    # A checkpoint of an earlier version, which recorded it among the hyper-parameters, resumes too.
+    (path,) = tmp_path.glob("logs/*/version_0/checkpoints/last.ckpt")
+    checkpoint = torch.load(path, weights_only=True)
+    checkpoint["hyper_parameters"]["num_classes"] = 3
+    torch.save(checkpoint, path)
+    resumed = ProjectCLI(args=[*args, "--trainer.max_epochs=3", "--ckpt_path=last"])
+    assert resumed.trainer.global_step == 6 and "num_classes" not in resumed.model.hparams
 
 
 @pytest.mark.slow

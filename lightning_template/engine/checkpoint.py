@@ -414,6 +414,8 @@ def build_model_from_checkpoint(cli: LightningCLI, record: RunCheckpoint, given:
     finally:
         cli.parser.exit_on_error = exit_on_error
     after = cli.config[subcommand].get("model")
+    for fact in set(after.get("dict_kwargs") or {}) & set(getattr(cli, "data_facts", ())):
+        del after.dict_kwargs[fact]  # recorded by an earlier version (record_only_links_taken): the model took none
     if before.class_path != after.class_path:
         raise ConfigError(
             f"--ckpt_path {record.path} is a checkpoint of {after.class_path}, but this config's model is"
