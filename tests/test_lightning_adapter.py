@@ -295,6 +295,10 @@ def test_record_only_links_taken(tmp_path: Path) -> None:
     )
     taken = linked_cli(Sized, tmp_path, RecordsLinksTaken).model  # a model that takes it gets it, and records it
     assert taken.width == 3 and taken.hparams["width"] == 3, changed("record_only_links_taken")
+    # The links as jsonargparse hands them to an instantiator: by target, with or without `init_args`.
+    links = {"model.init_args.width": 3, "model.depth": 2, "model.init_args.head.init_args.size": 4, "data.size": 1}
+    taken = li.links_taken("model", links, {"width": 1, "head": None})
+    assert taken == {"model.init_args.width": 3, "model.init_args.head.init_args.size": 4, "data.size": 1}
 
 
 def test_datamodules_named_by_class() -> None:
