@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import pickle
 import shutil
@@ -172,6 +173,20 @@ def save_random_weights(model_class: type, path: Path, **kwargs) -> Path:
         torch.manual_seed(123)
         torch.save(model_class(**kwargs).net.state_dict(), path)
     return path
+
+
+def warning_filters_added_by_importing(module: str) -> list:
+    """The warning filters that importing `module` adds, in a fresh process where nothing imported it before (after
+    the engine, which a run imports first): an import must change nothing that outlives a run."""
+    code = (
+        "import importlib, json, warnings, lightning_template.engine.cli\n"
+        "before = list(warnings.filters)\n"
+        f"importlib.import_module({module!r})\n"
+        "print(json.dumps([[f[0], getattr(f[1], 'pattern', f[1])] for f in warnings.filters if f not in before]))\n"
+    )
+    added = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert added.returncode == 0, added.stderr
+    return json.loads(added.stdout)
 
 
 def run_cli(*args: str, cwd: Path, timeout: float = 300, script: str = "train.py") -> subprocess.CompletedProcess:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import logging
 import signal
-import subprocess
 import sys
 import warnings
 from typing import Any
@@ -119,17 +118,3 @@ def plain_trainer_run(tmp_path) -> int:
                           default_root_dir=tmp_path)  # fmt: skip
         trainer.fit(Scheduled())
     return len(calls)
-
-
-@pytest.mark.slow  # a fresh process: the modules are imported in it for the first time
-def test_importing_the_extras_leaves_the_warning_filters_as_they_were() -> None:
-    """Their warnings are silenced for their own runs (tests/streaming, tests/search), not by importing them."""
-    code = (
-        "import warnings, lightning_template.engine.cli\n"
-        "before = list(warnings.filters)\n"
-        "import lightning_template.streaming.datamodules, lightning_template.search.runs\n"
-        "print([f[:2] for f in warnings.filters if f not in before])\n"
-    )
-    added = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
-    assert added.returncode == 0, added.stderr
-    assert added.stdout.strip() == "[]", f"importing them added warning filters: {added.stdout}"

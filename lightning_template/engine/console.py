@@ -173,7 +173,7 @@ QUIETED = "quieted_warnings"  # a datamodule's class attribute: the start of lib
 
 def quiet_warnings_of(datamodule: object) -> None:
     """Ignore for the rest of the run the library warnings whose message starts as one its class names in
-    `quieted_warnings` (LitData's IterableDataset has a true length). Called inside `library_noise_quieted`, whose
+    `quieted_warnings` (a dataset whose length a warning doubts, say). Called inside `library_noise_quieted`, whose
     end restores the filters: nothing outlives the run."""
     for message in getattr(datamodule, QUIETED, ()):
         warnings.filterwarnings("ignore", message=re.escape(message))

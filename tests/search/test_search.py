@@ -25,7 +25,7 @@ from lightning_template.search.space import SpaceError, load_space
 
 import multirun
 import tune
-from tests.conftest import ROOT, run_cli
+from tests.conftest import ROOT, run_cli, warning_filters_added_by_importing
 
 JOB = str(ROOT / "configs" / "simple_cnn.yaml")
 JOB_VALUES = yaml.safe_load(Path(JOB).read_text())
@@ -369,6 +369,12 @@ def test_a_run_config_parsed_in_a_script_started_with_its_own_flags_warns_of_not
         runs.RunConfig.parse([f"--config={JOB}", "--trainer.max_epochs=1"])
         assert warnings.filters == before
     assert not [w for w in caught if "args parameter is intended" in str(w.message)]
+
+
+@pytest.mark.slow  # a fresh process: the module is imported in it for the first time
+def test_importing_the_search_runs_adds_no_warning_filter() -> None:
+    """The CLI's warning is silenced while a run's config is parsed (the test above), not by the import."""
+    assert warning_filters_added_by_importing("lightning_template.search.runs") == []
 
 
 # extra:trackers

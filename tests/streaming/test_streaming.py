@@ -31,7 +31,7 @@ from lightning_template.tasks.classification import (
 )
 
 from convert import convert
-from tests.conftest import ONE_EPOCH, QUICK, ROOT, run_cli
+from tests.conftest import ONE_EPOCH, QUICK, ROOT, run_cli, warning_filters_added_by_importing
 from tests.test_datamodules import assert_contract
 
 SUBSET = {"classes": [0, 1, 7], "train_samples_per_class": 40, "val_size": 300}
@@ -212,3 +212,9 @@ def test_every_streaming_datamodule_meets_the_contract(image_tree: Path, fortune
     }
     assert set(lightning_template.streaming.__all__) == set(built)
     assert_contract(built)
+
+
+@pytest.mark.slow  # a fresh process: the module is imported in it for the first time
+def test_importing_the_streaming_datamodules_adds_no_warning_filter() -> None:
+    """Lightning's length warning is silenced for the streamed runs alone (the test above), not by the import."""
+    assert warning_filters_added_by_importing("lightning_template.streaming.datamodules") == []
